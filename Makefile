@@ -1,0 +1,42 @@
+# Two commands take a fresh clone to a finished run and to passing tests:
+#   make demo   - install, then materialise the whole Dagster graph on the embedded defaults
+#   make test   - install, then run the test suite
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+
+.PHONY: install demo test test-fast dagster mlflow-ui clean
+
+install: $(VENV)/.installed
+
+# torch first from the CPU wheel on disk, then DeepSpeed built against it (its setup imports
+# torch, so no build isolation: an isolated build would fetch a CUDA torch), then the project.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	ln -sf ../dagster.yaml $@
+
+demo: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/sapiens2 demo
+
+test: install
+	$(BIN)/pytest
+
+test-fast: install
+	$(BIN)/pytest -m "not slow"
+
+dagster: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev --host 127.0.0.1 --port 3000
+
+mlflow-ui: install
+	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(CURDIR)/mlflow.db
+
+clean:
+	rm -rf data models reports mlflow.db mlartifacts .dvc-storage .dvc/cache .dvc/tmp $(DAGSTER_HOME) dvc.lock

@@ -1,0 +1,1 @@
+"""Pipeline steps: one plain function per stage, each also a CLI verb."""

@@ -1,0 +1,132 @@
+"""The platform's typed configuration: one frozen model composed of one section per stage.
+
+`params.yaml` at the project root holds the embedded defaults (the demo recipe); Dagster's
+launchpad, the CLI and `dvc repro` all resolve to a `PlatformConfig` through `load_config`, so a
+bad value fails on construction, before any work starts, with the file and the dotted field name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sapiens2.curation.config import CurationConfig
+from sapiens2.model.config import ARCHS
+from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.train.config import CheckpointSection, DeepSpeedSection, OptimSection
+
+TASK_NAMES = ("pose", "seg", "normal", "pointmap", "albedo")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SynthConfig(_Section):
+    """The synthetic web pool standing in for a raw image pool."""
+
+    n_people: int = Field(1200, ge=1, description="person renders; distractors are added on top")
+    seed: int = 0
+    workers: int = Field(2, ge=1)
+
+
+class PretrainConfig(_Section):
+    """Self-supervised pretraining of the backbone: MAE + CLS self-distillation under DeepSpeed."""
+
+    arch: str = "sapiens2_tiny"
+    steps: int = Field(300, ge=1, description="optimizer steps")
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+    objective: ObjectiveConfig = ObjectiveConfig()
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    optim: OptimSection = OptimSection(lr=1.5e-3, weight_decay=0.05, warmup_steps=30, schedule="cosine")
+    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=100, keep_last=2)
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, arch: str) -> str:
+        if arch not in ARCHS:
+            raise ValueError(f"unknown model size {arch!r}; choose one of {sorted(ARCHS)}")
+        return arch
+
+
+class FinetuneConfig(_Section):
+    """Per-task fine-tuning of a light head on the pretrained backbone (layer-wise lr decay)."""
+
+    steps: int = Field(250, ge=1)
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+    init_checkpoint: str | None = Field(
+        None, description="a published Sapiens2 backbone to start from instead of our pretraining"
+    )
+    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    optim: OptimSection = OptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
+
+
+class EvaluateConfig(_Section):
+    batch_size: int = Field(16, ge=1)
+    flip_test: bool = True
+    num_visualisations: int = Field(8, ge=0)
+
+
+class RegistryConfig(_Section):
+    model_prefix: str = Field("sapiens2", min_length=1, description="registered name = <prefix>-<task>")
+
+
+class PlatformConfig(_Section):
+    """Everything one end-to-end run needs; derived values come from methods, never mutation."""
+
+    image_size: tuple[int, int] = (128, 96)
+    synth: SynthConfig = SynthConfig()
+    curation: CurationConfig = CurationConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    registry: RegistryConfig = RegistryConfig()
+
+    @model_validator(mode="after")
+    def _image_fits_patches(self) -> PlatformConfig:
+        patch = ARCHS[self.pretrain.arch].patch_size
+        if any(side % patch for side in self.image_size):
+            raise ValueError(f"image_size {self.image_size} must be a multiple of the {patch}-px patch")
+        return self
+
+    def model_name(self, task: str) -> str:
+        return f"{self.registry.model_prefix}-{task}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _describe(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PlatformConfig:
+    """Read `path` (YAML) and apply dotted-key `overrides` such as {"pretrain.deepspeed.zero_stage": 3}.
+
+    Raises ValueError naming the file and each offending field.
+    """
+    data: dict[str, Any] = {}
+    source = str(path) if path is not None else "<defaults>"
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{source}: expected a mapping at the top level, got {type(loaded).__name__}")
+        data = loaded or {}
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{source}: cannot override {dotted!r}: {key!r} is not a section")
+        node[leaf] = value
+    try:
+        return PlatformConfig.model_validate(data)
+    except ValidationError as err:
+        raise ValueError(f"{source}: invalid config: {_describe(err)}") from err

@@ -1,0 +1,1 @@
+"""Sapiens2 ML library: backbone, pretraining objective, tasks, data, curation and training."""

@@ -1,0 +1,1 @@
+"""Data: synthetic generator, datasets and transforms."""
