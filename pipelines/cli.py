@@ -14,7 +14,7 @@ VERBS = {
     "evaluate": ("pipelines.evaluate", "evaluate the five task models on the held-out split"),
     "register": ("pipelines.register", "register the task models in MLflow with lineage tags"),
     "promote": ("pipelines.promote", "move the champion alias to a better model version"),
-    "demo": ("pipelines.demo", "materialise the whole Dagster graph on the embedded defaults"),
+    "demo": ("assets.demo", "materialise the whole Dagster graph on the embedded defaults"),
 }
 
 

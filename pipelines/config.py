@@ -33,7 +33,15 @@ class SynthConfig(_Section):
     workers: int = Field(2, ge=1)
 
 
-class PretrainConfig(_Section):
+class _TrainingSection(_Section):
+    @model_validator(mode="after")
+    def _warmup_fits(self):
+        if self.optim.warmup_steps > self.steps:
+            raise ValueError(f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds steps ({self.steps})")
+        return self
+
+
+class PretrainConfig(_TrainingSection):
     """Self-supervised pretraining of the backbone: MAE + CLS self-distillation under DeepSpeed."""
 
     arch: str = "sapiens2_tiny"
@@ -52,8 +60,16 @@ class PretrainConfig(_Section):
             raise ValueError(f"unknown model size {arch!r}; choose one of {sorted(ARCHS)}")
         return arch
 
+    @model_validator(mode="after")
+    def _teacher_warmup_fits(self) -> PretrainConfig:
+        if self.objective.teacher_temp_warmup_steps > self.steps:
+            raise ValueError(
+                f"objective.teacher_temp_warmup_steps ({self.objective.teacher_temp_warmup_steps}) exceeds steps ({self.steps})"
+            )
+        return self
 
-class FinetuneConfig(_Section):
+
+class FinetuneConfig(_TrainingSection):
     """Per-task fine-tuning of a light head on the pretrained backbone (layer-wise lr decay)."""
 
     steps: int = Field(250, ge=1)

@@ -45,13 +45,5 @@ class Workspace:
         return self.root / "reports" / "eval"
 
     @property
-    def mlflow_uri(self) -> str:
-        return os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{self.root / 'mlflow.db'}")
-
-    @property
-    def mlflow_artifacts(self) -> Path:
-        return self.root / "mlartifacts"
-
-    @property
     def dvc_remote(self) -> str:
         return os.environ.get("SAPIENS2_DVC_REMOTE", str(self.root / ".dvc-storage"))

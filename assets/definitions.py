@@ -1,0 +1,33 @@
+"""The Dagster code location: every asset, check, job and resource of the platform."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.curation import curated_dataset, curated_expectations, raw_pool, versioned_dataset
+from assets.registry import champion_models, evaluation_report, every_task_beats_baseline, registered_models
+from assets.resources import DvcResource, PlatformResource
+from assets.training import finetuned_models, pretrained_backbone
+
+ALL_ASSETS = [raw_pool, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models,
+              evaluation_report, registered_models, champion_models]
+
+end_to_end = dg.define_asset_job(
+    "end_to_end", selection=dg.AssetSelection.all(),
+    description="Synthetic pool to champion model: curate, validate, version, pretrain, fine-tune x5, evaluate, register, promote.",
+)
+promote_job = dg.define_asset_job(
+    "promote", selection=dg.AssetSelection.assets(champion_models),
+    description="Move each task's champion alias to its newest version if that version beats the champion.",
+)
+
+defs = dg.Definitions(
+    assets=ALL_ASSETS,
+    asset_checks=[curated_expectations, every_task_beats_baseline],
+    jobs=[end_to_end, promote_job],
+    resources={
+        "platform": PlatformResource(),
+        "dvc": DvcResource(),
+        "pipes_subprocess_client": dg.PipesSubprocessClient(),
+    },
+)

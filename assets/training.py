@@ -1,0 +1,80 @@
+"""Pretraining and fine-tuning groups: DeepSpeed programs launched through Dagster Pipes.
+
+Each asset starts `python -m pipelines.<step>` (which starts the torchrun ranks), streams rank 0's
+log lines and metadata back, then records the output folder with DVC. A retry resumes from the
+program's latest checkpoint; a fresh materialisation starts from an empty folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import dagster as dg
+
+from assets import metadata
+from assets.curation import versioned_dataset
+from assets.resources import DvcResource, PlatformResource
+from pipelines.config import TASK_NAMES
+
+TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
+
+
+def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, platform: PlatformResource,
+           module: str, output: Path, args: list[str]) -> dict:
+    """Run a training program for this asset; returns the metadata its rank 0 reported."""
+    if context.retry_number == 0:
+        shutil.rmtree(output, ignore_errors=True)
+    config_file = platform.write_config(output / "config.yaml")
+    command = [sys.executable, "-m", module, *args, "--output", str(output), "--config", str(config_file)]
+    env = {"DAGSTER_RUN_ID": context.run_id, "SAPIENS2_WORKSPACE": str(platform.ws.root)}
+    result = client.run(command=command, context=context, env=env, cwd=str(platform.ws.root))
+    return dict(result.get_materialize_result().metadata)
+
+
+@dg.asset(
+    group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY,
+    kinds={"pytorch", "deepspeed", "dvc"},
+)
+def pretrained_backbone(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
+                        pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+    """The Sapiens2 backbone pretrained with MAE + CLS self-distillation under DeepSpeed ZeRO."""
+    ws = platform.ws
+    reported = launch(context, pipes_subprocess_client, platform, "pipelines.pretrain", ws.pretrain_dir,
+                      ["--curated", str(ws.curated_dir)])
+    md5 = dvc.commit(ws, "pretrain", ws.pretrain_dir)
+    return dg.MaterializeResult(
+        metadata={
+            **reported, "dvc_md5": md5,
+            "loss_curves": metadata.image(ws.pretrain_dir / "loss_curves.png", "losses"),
+            "mae_reconstruction": metadata.image(ws.pretrain_dir / "mae_reconstruction.png", "MAE"),
+        },
+        data_version=dg.DataVersion(md5),
+    )
+
+
+def finetune_asset(task: str) -> dg.AssetsDefinition:
+    """The fine-tuning asset of one task (one per task, so the UI shows five)."""
+
+    @dg.asset(
+        name=f"finetuned_{task}", group_name="finetuning", deps=[pretrained_backbone, versioned_dataset],
+        pool="training", retry_policy=TRAINING_RETRY, kinds={"pytorch", "deepspeed", "dvc"},
+        description=f"The {task} head fine-tuned on the pretrained backbone (layer-wise lr decay).",
+    )
+    def _finetuned(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
+                   pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+        ws = platform.ws
+        out = ws.task_dir(task)
+        reported = launch(context, pipes_subprocess_client, platform, "pipelines.finetune", out,
+                          ["--task", task, "--curated", str(ws.curated_dir), "--backbone", str(ws.pretrain_dir)])
+        md5 = dvc.commit(ws, f"finetune@{task}", out)
+        return dg.MaterializeResult(
+            metadata={**reported, "dvc_md5": md5, "loss_curve": metadata.image(out / "loss_curves.png", "loss")},
+            data_version=dg.DataVersion(md5),
+        )
+
+    return _finetuned
+
+
+finetuned_models = [finetune_asset(task) for task in TASK_NAMES]

@@ -1,0 +1,150 @@
+"""Step: fine-tune one task (pose, seg, normal, pointmap, albedo) on the pretrained backbone.
+
+A light head on the backbone feature map, trained under DeepSpeed with layer-wise lr decay
+(embeddings rate^(L+1), block i rate^(L-i), head 1) and no weight decay on 1-D params and biases.
+The backbone starts from our pretraining output or, when `finetune.init_checkpoint` is set, from a
+published Sapiens2 checkpoint. Batches are a pure function of (seed, step, rank).
+
+Output folder: `config.yaml`, `checkpoints/` (DeepSpeed, for resume), `model.safetensors` (backbone
++ head), `model.json` (what to rebuild it with), `loss_curves.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from pipelines.config import PlatformConfig, load_config
+from pipelines.launch import StepLogger, parse_overrides, rank_zero_pipes, run_ranks, save_resolved
+from pipelines.lineage import Lineage, RankZeroTracker
+from pipelines.plots import loss_curves_png
+from pipelines.pretrain import step_generator
+from sapiens2.data.dataset import CuratedDataset, collate
+from sapiens2.model import build_backbone, load_checkpoint, save_checkpoint
+from sapiens2.tasks import TASK_NAMES, TaskModel, build_task_model, get_task
+from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
+from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
+from sapiens2.train.lr_decay import layerwise_param_groups
+from sapiens2.train.schedules import lr_schedule
+
+
+def backbone_weights(config: PlatformConfig, backbone_dir: Path) -> Path:
+    """The backbone fine-tuning starts from: a published checkpoint if configured, else ours."""
+    if config.finetune.init_checkpoint:
+        return Path(config.finetune.init_checkpoint)
+    return backbone_dir / "backbone.safetensors"
+
+
+def initial_model(config: PlatformConfig, task: str, backbone_path: Path) -> TaskModel:
+    """Backbone weights from `backbone_path` plus a freshly initialised head (seeded): the model
+    fine-tuning starts from, and the untrained-head baseline evaluation compares against."""
+    backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
+    load_checkpoint(backbone, backbone_path)
+    torch.manual_seed(config.finetune.seed)
+    return build_task_model(task, backbone)
+
+
+def _to_float(pred):
+    if isinstance(pred, dict):
+        return {k: v.float() for k, v in pred.items()}
+    return pred.float()
+
+
+def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path, output_dir: Path,
+          lineage: Lineage) -> None:
+    """One rank of a fine-tuning run (collective)."""
+    rank, world_size = init_distributed()
+    cfg, ds = config.finetune, config.finetune.deepspeed
+    task = get_task(task_name)
+    height, width = config.image_size
+    data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed)
+    model = initial_model(config, task_name, backbone_path)
+    groups = layerwise_param_groups(
+        model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id
+    )
+    engine = initialize(model, groups, ds, cfg.optim)
+    checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint)
+    start, history = 0, {"loss": []}
+    resumed = checkpoints.resume(engine)
+    if resumed is not None:
+        start, state = resumed
+        history = state["history"]
+    lrs = lr_schedule(cfg.optim, cfg.steps)
+
+    with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=task_name) as tracker:
+        log = StepLogger(f"finetune {task_name}", cfg.steps, start, pipes, enabled=rank == 0)
+        started = time.perf_counter()
+        for step in range(start, cfg.steps):
+            set_lr(engine, float(lrs[step]))
+            data.set_epoch(step)
+            terms: dict[str, float] = {}
+            for micro in range(ds.grad_accum_steps):
+                g = step_generator(cfg.seed, step, rank, micro)
+                batch = collate([data[int(i)] for i in torch.randint(len(data), (ds.micro_batch_size,), generator=g)])
+                pred = _to_float(engine(autocast_inputs(engine, batch["image"])))
+                loss, parts = task.loss(pred, batch)
+                engine.backward(loss)
+                engine.step()
+                for key, value in parts.items():
+                    terms[key] = terms.get(key, 0.0) + value / ds.grad_accum_steps
+            history["loss"].append(terms["loss"])
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                log(step, {**terms, "lr": float(lrs[step])})
+                tracker.log_metrics({**terms, "lr": float(lrs[step])}, step + 1)
+            if checkpoints.should_save(step + 1):
+                checkpoints.save(engine, step + 1, {"history": history})
+        seconds = time.perf_counter() - started
+        weights = export_full_state_dict(engine)
+
+        if rank == 0:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            final = initial_model(config, task_name, backbone_path)
+            final.load_state_dict(weights)
+            save_checkpoint(final, output_dir / "model.safetensors")
+            spec = {
+                "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
+                "backbone_init": str(backbone_path), "steps": cfg.steps, "seed": cfg.seed,
+                "final_loss": history["loss"][-1],
+                "steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
+            }
+            (output_dir / "model.json").write_text(json.dumps(spec, indent=2))
+            curves = loss_curves_png(history, output_dir / "loss_curves.png", title=f"fine-tuning {task_name}")
+            tracker.log_artifacts([curves, output_dir / "model.json", output_dir / "config.yaml"])
+            pipes.report_asset_materialization(metadata={
+                "final_loss": spec["final_loss"], "steps": cfg.steps, "steps_per_second": spec["steps_per_second"],
+                "backbone_init": spec["backbone_init"], "mlflow_run_id": tracker.run_id or "",
+            })
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sapiens2 finetune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=TASK_NAMES, required=True)
+    parser.add_argument("--curated", type=Path, required=True)
+    parser.add_argument("--backbone", type=Path, required=True, help="pretraining output folder")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rank_worker:
+        config = load_config(args.config)
+        backbone_path = backbone_weights(config, args.backbone)
+        lineage = Lineage.from_env(args.curated, None if config.finetune.init_checkpoint else args.backbone)
+        train(config, args.task, args.curated, backbone_path, args.output, lineage)
+        return 0
+    config = load_config(args.config, parse_overrides(args.set))
+    path = backbone_weights(config, args.backbone)
+    if not path.is_file():
+        raise SystemExit(f"sapiens2 finetune: backbone checkpoint {path} does not exist")
+    resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
+    worker = ["--task", args.task, "--curated", str(args.curated), "--backbone", str(args.backbone),
+              "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
+    return run_ranks("pipelines.finetune", config.finetune.deepspeed.world_size, worker)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

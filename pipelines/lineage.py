@@ -1,0 +1,90 @@
+"""Lineage of a training or evaluation run, and the rank-0 MLflow run that records it.
+
+The DVC hashes come from `dvc.lock` (written by `dvc commit` after each upstream step, by Dagster
+or by `dvc repro`), the Dagster run id from the environment the asset launches the step with.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+from pipelines import tracking
+from pipelines.version import DvcError, DvcWorkspace
+from pipelines.workspace import Workspace
+
+
+def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:
+    """md5 that dvc.lock records for `path` ("untracked" if none, "none" for no path)."""
+    if path is None:
+        return "none"
+    ws = ws or Workspace.from_env()
+    try:
+        return DvcWorkspace(ws.root).out_hash(str(Path(path).resolve().relative_to(ws.root)))
+    except (DvcError, ValueError, KeyError, FileNotFoundError):
+        return "untracked"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    dagster_run_id: str
+    data_md5: str
+    backbone_md5: str
+    git_commit: str
+
+    @classmethod
+    def from_env(cls, data_dir: Path, backbone_dir: Path | None = None) -> Lineage:
+        """Hashes of the dataset (and backbone) this run consumes, as recorded by DVC."""
+        ws = Workspace.from_env()
+        return cls(
+            dagster_run_id=os.environ.get("DAGSTER_RUN_ID", "none"),
+            data_md5=dvc_hash(data_dir, ws),
+            backbone_md5=dvc_hash(backbone_dir, ws),
+            git_commit=tracking.git_commit(ws.root),
+        )
+
+    def tags(self, config: dict[str, Any]) -> dict[str, str]:
+        return tracking.lineage_tags(
+            self.dagster_run_id, self.data_md5, self.backbone_md5, self.git_commit, tracking.config_sha(config)
+        )
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class RankZeroTracker:
+    """An MLflow run in `sapiens2/<stage>` opened on rank 0 only; a no-op on the other ranks."""
+
+    def __init__(self, rank: int, stage: str, lineage: Lineage, config: dict[str, Any], run_name: str | None = None) -> None:
+        self.enabled = rank == 0
+        self.stage, self.lineage, self.config = stage, lineage, config
+        self.run_name = run_name or stage
+        self.run_id: str | None = None
+        self._ctx = None
+
+    def __enter__(self) -> RankZeroTracker:
+        if self.enabled:
+            self._ctx = tracking.start_stage_run(
+                self.stage, self.run_name, self.lineage.tags(self.config), workspace_root=Workspace.from_env().root
+            )
+            run = self._ctx.__enter__()
+            self.run_id = run.info.run_id
+            tracking.log_config(self.config)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.enabled:
+            mlflow.log_metrics(metrics, step=step)
+
+    def log_artifacts(self, paths: list[Path], artifact_path: str | None = None) -> None:
+        if self.enabled:
+            for path in paths:
+                mlflow.log_artifact(str(path), artifact_path=artifact_path)

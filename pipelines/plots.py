@@ -1,0 +1,110 @@
+"""Pictures people would rather see than read: loss curves, MAE reconstructions, image grids.
+
+Each function writes a PNG and returns its path; MLflow logs it as an artifact and Dagster shows
+it as asset metadata.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from sapiens2.pretrain.augment import normalize  # noqa: E402
+from sapiens2.pretrain.mae import patchify, unpatchify  # noqa: E402
+from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices  # noqa: E402
+
+
+def loss_curves_png(history: dict[str, list[float]], path: Path, title: str) -> Path:
+    """One panel per loss series against the optimizer step."""
+    fig, axes = plt.subplots(1, len(history), figsize=(4 * len(history), 3), squeeze=False)
+    for ax, (name, values) in zip(axes[0], history.items()):
+        ax.plot(np.arange(1, len(values) + 1), values, lw=1)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def image_grid_png(rows: list[list[np.ndarray]], path: Path, row_titles: list[str] | None = None,
+                   col_titles: list[str] | None = None) -> Path:
+    """A grid of uint8 RGB images (rows x columns)."""
+    n_rows, n_cols = len(rows), max(len(r) for r in rows)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 2.1 * n_rows), squeeze=False)
+    for r, row in enumerate(rows):
+        for c in range(n_cols):
+            ax = axes[r][c]
+            ax.axis("off")
+            if c < len(row):
+                ax.imshow(row[c])
+            if r == 0 and col_titles and c < len(col_titles):
+                ax.set_title(col_titles[c], fontsize=8)
+        if row_titles:
+            axes[r][0].text(-0.1, 0.5, row_titles[r], transform=axes[r][0].transAxes, rotation=90,
+                            va="center", ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    return pixels.clamp(0, 255).byte().permute(1, 2, 0).numpy()
+
+
+@torch.no_grad()
+def mae_reconstruction_png(student: torch.nn.Module, images: np.ndarray, masker: MaskGenerator, path: Path) -> Path:
+    """Original | masked input | reconstruction (predicted patches pasted into the visible ones).
+
+    Predictions are normalised-pixel patches; each is shown with its original patch's mean and std.
+    """
+    student.eval()
+    pixels = torch.as_tensor(images).permute(0, 3, 1, 2).float()
+    x = normalize(pixels)
+    keep, masked = mask_to_indices(masker(len(images), torch.Generator().manual_seed(0)))
+    backbone = student.backbone
+    patch = backbone.patch_size
+    grid = (x.shape[-2] // patch, x.shape[-1] // patch)
+    tokens = backbone.forward_tokens(x, keep)
+    pred = student.mae_decoder(tokens, keep, masked, grid).float()
+    patches = patchify(pixels, patch)
+    mean, std = patches.mean(-1, keepdim=True), patches.std(-1, keepdim=True, unbiased=False)
+    index = masked[..., None].expand(-1, -1, patches.shape[-1])
+    recon = patches.clone()
+    recon.scatter_(1, index, pred * std.gather(1, masked[..., None]) + mean.gather(1, masked[..., None]))
+    hidden = patches.clone()
+    hidden.scatter_(1, index, torch.full_like(pred, 127.0))
+    rows = [
+        [_to_uint8(pixels[i]), _to_uint8(unpatchify(hidden, grid, patch)[i]), _to_uint8(unpatchify(recon, grid, patch)[i])]
+        for i in range(len(images))
+    ]
+    return image_grid_png(rows, path, col_titles=["image", "masked 75%", "reconstruction"])
+
+
+def curation_scores_png(manifest, path: Path) -> Path:
+    """Histograms of the curation scores, kept vs rejected, plus the reject-reason counts."""
+    scores = [c for c in ("short_side", "sharpness", "brightness", "person_score", "text_score") if c in manifest.columns]
+    fig, axes = plt.subplots(1, len(scores) + 1, figsize=(3.2 * (len(scores) + 1), 3), squeeze=False)
+    for ax, column in zip(axes[0], scores):
+        for status in ("kept", "rejected"):
+            values = manifest.loc[manifest["status"] == status, column].dropna().astype(float)
+            if len(values):
+                ax.hist(values, bins=30, alpha=0.6, label=status)
+        ax.set_title(column, fontsize=9)
+        ax.legend(fontsize=7)
+    reasons = manifest["reason"].fillna("kept").value_counts()
+    axes[0][-1].barh(reasons.index.astype(str), reasons.values)
+    axes[0][-1].set_title("outcome", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

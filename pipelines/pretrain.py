@@ -1,0 +1,171 @@
+"""Step: self-supervised pretraining of the Sapiens2 backbone under DeepSpeed ZeRO.
+
+L = L_MAE + lambda * L_CL on the curated train split: mixed block/patch masking, the encoder on
+visible tokens only, a light MAE decoder on normalised pixels, and DINO-style CLS
+self-distillation from an EMA teacher. `sapiens2 pretrain` resolves the config, saves it in the
+output folder and launches `world_size` ranks with torchrun; each rank runs `train`. Every input
+of a step is a pure function of (seed, step, rank), so a resumed run repeats the uninterrupted one.
+
+Output folder: `config.yaml` (resolved), `checkpoints/` (DeepSpeed, for resume),
+`backbone.safetensors` (the EMA teacher's backbone, handed to fine-tuning), `backbone.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipelines.config import PlatformConfig, load_config
+from pipelines.launch import StepLogger, parse_overrides, rank_zero_pipes, run_ranks, save_resolved
+from pipelines.lineage import Lineage, RankZeroTracker
+from pipelines.plots import loss_curves_png, mae_reconstruction_png
+from sapiens2.data.images import load_split_images
+from sapiens2.model import build_backbone, save_checkpoint
+from sapiens2.pretrain.augment import MultiCropAugment
+from sapiens2.pretrain.dino import TeacherCenter
+from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
+from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher, ema_update, teacher_output
+from sapiens2.pretrain.schedules import objective_schedules
+from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
+from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
+from sapiens2.train.lr_decay import layerwise_param_groups
+from sapiens2.train.schedules import lr_schedule
+
+
+def step_generator(seed: int, step: int, rank: int, micro: int) -> torch.Generator:
+    """The random stream of one micro-batch: crops, masks and sample indices depend on nothing else."""
+    mixed = np.random.SeedSequence([seed, step, rank, micro]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(mixed))
+
+
+def build_student(config: PlatformConfig) -> PretrainStudent:
+    torch.manual_seed(config.pretrain.seed)  # identical initial weights on every rank
+    backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
+    return PretrainStudent(backbone, config.pretrain.objective)
+
+
+def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: Lineage) -> None:
+    """One rank of the pretraining run (collective: every rank calls it)."""
+    rank, world_size = init_distributed()
+    cfg = config.pretrain
+    obj, ds = cfg.objective, cfg.deepspeed
+    images, _ = load_split_images(curated_dir, "train", config.image_size)
+
+    student = build_student(config)
+    teacher = build_teacher(student)
+    center = TeacherCenter(obj.dino_out_dim, obj.center_momentum)
+    groups = layerwise_param_groups(
+        student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
+        student.backbone.depth, student.backbone.layer_id,
+    )
+    engine = initialize(student, groups, ds, cfg.optim)
+    checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint)
+    start, history = 0, {"loss": [], "loss_mae": [], "loss_cl": []}
+    resumed = checkpoints.resume(engine)
+    if resumed is not None:
+        start, state = resumed
+        teacher.load_state_dict(state["teacher"])
+        center.load_state_dict(state["center"])
+        history = state["history"]
+
+    lrs = lr_schedule(cfg.optim, cfg.steps)
+    schedules = objective_schedules(obj, cfg.steps)
+    height, width = config.image_size
+    augment = MultiCropAugment(global_size=(height, width), local_size=(height // 2, width // 2), n_local=obj.n_local)
+    patch = student.backbone.patch_size
+    masker = MaskGenerator((height // patch, width // patch), obj.mask_ratio, obj.block_prob)
+
+    with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "pretrain", lineage, config.to_dict()) as tracker:
+        log = StepLogger("pretrain", cfg.steps, start, pipes, enabled=rank == 0)
+        if resumed is not None and rank == 0:
+            pipes.log.info(f"resumed from step {start}")
+        started = time.perf_counter()
+        for step in range(start, cfg.steps):
+            set_lr(engine, float(lrs[step]))
+            sums = {"loss": 0.0, "loss_mae": 0.0, "loss_cl": 0.0}
+            centers = []
+            for micro in range(ds.grad_accum_steps):
+                g = step_generator(cfg.seed, step, rank, micro)
+                idx = torch.randint(len(images), (ds.micro_batch_size,), generator=g)
+                crops = augment(images[idx.numpy()], g)
+                masks = [mask_to_indices(masker(ds.micro_batch_size, g)) for _ in crops["global_crops"]]
+                probs, batch_center = teacher_output(teacher, crops["global_crops"], center, float(schedules["teacher_temp"][step]))
+                out = engine(
+                    [autocast_inputs(engine, c) for c in crops["global_crops"]],
+                    [autocast_inputs(engine, c) for c in crops["local_crops"]],
+                    [keep for keep, _ in masks], [masked for _, masked in masks], probs,
+                )
+                engine.backward(out["loss"])
+                engine.step()
+                centers.append(batch_center)
+                for key in sums:
+                    sums[key] += float(out[key]) / ds.grad_accum_steps
+            ema_update(teacher, engine.module, float(schedules["ema_momentum"][step]))
+            batch_center = torch.stack(centers).mean(0)
+            dist.all_reduce(batch_center)
+            center.update(batch_center / world_size)
+            for key, value in sums.items():
+                history[key].append(value)
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                log(step, {**sums, "lr": float(lrs[step])})
+                tracker.log_metrics({**sums, "lr": float(lrs[step])}, step + 1)
+            if checkpoints.should_save(step + 1):
+                checkpoints.save(engine, step + 1, {"teacher": teacher.state_dict(), "center": center.state_dict(), "history": history})
+        seconds = time.perf_counter() - started
+        weights = export_full_state_dict(engine)  # collective under ZeRO-3
+
+        if rank == 0:
+            trained = build_student(config)
+            trained.load_state_dict(weights)
+            output_dir.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(teacher.backbone, output_dir / "backbone.safetensors")
+            summary = {
+                "arch": cfg.arch,
+                "image_size": list(config.image_size),
+                "steps": cfg.steps,
+                "world_size": world_size,
+                "zero_stage": ds.zero_stage,
+                "final_loss": history["loss"][-1],
+                "final_loss_mae": history["loss_mae"][-1],
+                "final_loss_cl": history["loss_cl"][-1],
+                "steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
+                "images_per_second": (cfg.steps - start) * ds.global_batch_size / seconds if seconds > 0 else 0.0,
+            }
+            (output_dir / "backbone.json").write_text(json.dumps(summary, indent=2))
+            curves = loss_curves_png(history, output_dir / "loss_curves.png", title="pretraining")
+            recon = mae_reconstruction_png(trained, images[:6], masker, output_dir / "mae_reconstruction.png")
+            tracker.log_artifacts([curves, recon, output_dir / "backbone.json", output_dir / "config.yaml"])
+            tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)}, cfg.steps)
+            pipes.report_asset_materialization(metadata={
+                **{k: v for k, v in summary.items() if not isinstance(v, list)},
+                "mlflow_run_id": tracker.run_id or "",
+            })
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sapiens2 pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--curated", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. pretrain.steps=20")
+    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    lineage = Lineage.from_env(args.curated)
+    if args.rank_worker:
+        train(load_config(args.config), args.curated, args.output, lineage)
+        return 0
+    config = load_config(args.config, parse_overrides(args.set))
+    resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
+    worker_args = ["--curated", str(args.curated), "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
+    return run_ranks("pipelines.pretrain", config.pretrain.deepspeed.world_size, worker_args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

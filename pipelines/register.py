@@ -1,0 +1,111 @@
+"""Step: register each fine-tuned task model in MLflow as a pyfunc with lineage and evaluation tags.
+
+Registered name `<prefix>-<task>`. Version tags: `dagster_run_id`, `dvc.data_md5`,
+`dvc.backbone_md5`, `dvc.model_md5`, `git_commit`, `config_sha`, `eval.<metric>` for every metric,
+`eval.split_id` and `eval.primary_metric`. Registering the same model files (same `dvc.model_md5`)
+evaluated on the same split again returns the existing version instead of adding a duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+from mlflow import MlflowClient
+from mlflow.models import infer_signature
+
+import pipelines
+import sapiens2
+from pipelines import tracking
+from pipelines.config import TASK_NAMES, PlatformConfig, load_config
+from pipelines.lineage import Lineage, dvc_hash
+from pipelines.serving import TaskPyfunc, load_task_model, predict_images
+from pipelines.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Registration:
+    task: str
+    model_name: str
+    version: str
+    primary_metric: str
+    higher_is_better: bool
+    split_id: str
+    reused: bool
+
+
+def _existing_version(client: MlflowClient, name: str, model_md5: str, split: str) -> str | None:
+    if not client.search_registered_models(filter_string=f"name = '{name}'"):
+        return None
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        if mv.tags.get("dvc.model_md5") == model_md5 and mv.tags.get("eval.split_id") == split:
+            return str(mv.version)
+    return None
+
+
+def register_task(config: PlatformConfig, task_result: dict, split: str, model_dir: Path, model_md5: str,
+                  lineage: Lineage) -> Registration:
+    task = task_result["task"]
+    name = config.model_name(task)
+    client = MlflowClient()
+    tags = {
+        **lineage.tags(config.to_dict()),
+        "dvc.model_md5": model_md5,
+        "eval.split_id": split,
+        "eval.primary_metric": task_result["primary_metric"],
+        **{f"eval.{k}": str(v) for k, v in task_result["metrics"].items()},
+        **{f"eval.baseline.{k}": str(v) for k, v in task_result["baseline"].items()},
+    }
+    existing = _existing_version(client, name, model_md5, split)
+    if existing is None:
+        model, spec = load_task_model(model_dir)
+        example = np.zeros((1, *spec["image_size"], 3), dtype=np.uint8)
+        signature = infer_signature(example, predict_images(model, task, example, tuple(spec["image_size"])))
+        with tempfile.TemporaryDirectory() as tmp, tracking.start_stage_run("registry", f"register-{task}", tags):
+            files = Path(tmp) / "model"
+            files.mkdir()
+            for item in ("model.json", "model.safetensors"):
+                shutil.copy2(model_dir / item, files / item)
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=TaskPyfunc(), artifacts={"model_dir": str(files)},
+                code_paths=[str(Path(sapiens2.__file__).parent), str(Path(pipelines.__file__).parent)],
+                signature=signature, registered_model_name=name,
+            )
+        existing = str(info.registered_model_version)
+        for key, value in tags.items():
+            client.set_model_version_tag(name, existing, key, value)
+        reused = False
+    else:
+        reused = True
+    return Registration(task, name, existing, task_result["primary_metric"], task_result["higher_is_better"], split, reused)
+
+
+def register_all(config: PlatformConfig, report: dict, models_root: Path, model_md5: dict[str, str],
+                 lineage: Lineage) -> list[Registration]:
+    """Register every task of an evaluation report (`metrics.json`)."""
+    mlflow.set_tracking_uri(tracking.tracking_uri_for(Workspace.from_env().root))
+    return [
+        register_task(config, result, report["split_id"], models_root / result["task"], model_md5[result["task"]], lineage)
+        for result in report["tasks"]
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sapiens2 register", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--report", type=Path, default=Path("reports/eval/metrics.json"))
+    parser.add_argument("--models", type=Path, default=Path("models"))
+    parser.add_argument("--curated", type=Path, default=Path("data/curated"))
+    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    lineage = Lineage.from_env(args.curated, args.models / "pretrain")
+    md5 = {task: dvc_hash(args.models / task) for task in TASK_NAMES}
+    report = json.loads(args.report.read_text())
+    for reg in register_all(load_config(args.config), report, args.models, md5, lineage):
+        print(f"{reg.model_name} v{reg.version}{' (already registered)' if reg.reused else ''}")
+    return 0

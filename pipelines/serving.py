@@ -1,0 +1,59 @@
+"""A fine-tuned task model as an MLflow pyfunc: an image batch in, the task's output out.
+
+Input: uint8 RGB images (N, H, W, 3); images of another size are resized to the model's input
+size and keypoints are mapped back to the caller's pixels. Output per task: pose (N, K, 3) x, y,
+score; seg (N, H, W) class ids; normal (N, H, W, 3) unit vectors; pointmap (N, H, W, 3) metres;
+albedo (N, H, W, 3) in [0, 1]. Dense outputs come at the model's input size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sapiens2.data.dataset import normalize_images
+from sapiens2.model import build_backbone, load_checkpoint
+from sapiens2.tasks import TaskModel, build_task_model, get_task
+
+
+def load_task_model(model_dir: Path) -> tuple[TaskModel, dict]:
+    """Rebuild a fine-tuned model from its folder (model.json + model.safetensors), in eval mode."""
+    spec = json.loads((Path(model_dir) / "model.json").read_text())
+    backbone = build_backbone(spec["arch"], img_size=tuple(spec["image_size"]))
+    model = build_task_model(spec["task"], backbone)
+    load_checkpoint(model, Path(model_dir) / "model.safetensors")
+    return model.eval(), spec
+
+
+def predict_images(model: TaskModel, task_name: str, images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Run `model` on uint8 images (N, H, W, 3) and stack the task's decoded outputs."""
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {images.shape}")
+    task = get_task(task_name)
+    pixels = torch.from_numpy(np.ascontiguousarray(images))
+    height, width = images.shape[1:3]
+    if (height, width) != tuple(size):
+        chw = pixels.permute(0, 3, 1, 2).float()
+        pixels = F.interpolate(chw, size=size, mode="bilinear", align_corners=False).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+    with torch.no_grad():
+        outputs = np.stack(task.decode(task.predict(model, normalize_images(pixels))))
+    if task_name == "pose":
+        outputs[..., 0] *= width / size[1]
+        outputs[..., 1] *= height / size[0]
+    return outputs
+
+
+class TaskPyfunc(mlflow.pyfunc.PythonModel):
+    """Loads `model_dir` (artifact) once; `predict` maps an image batch to the task output."""
+
+    def load_context(self, context: Any) -> None:
+        self.model, self.spec = load_task_model(Path(context.artifacts["model_dir"]))
+
+    def predict(self, context: Any, model_input: np.ndarray, params: dict | None = None) -> np.ndarray:
+        return predict_images(self.model, self.spec["task"], np.asarray(model_input), tuple(self.spec["image_size"]))

@@ -1,0 +1,45 @@
+"""Layer-wise learning-rate decay and weight-decay exemption as optimizer parameter groups."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+
+def layerwise_param_groups(
+    model: nn.Module,
+    base_lr: float,
+    weight_decay: float,
+    layer_decay: float,
+    num_layers: int,
+    layer_id_fn: Callable[[str], int],
+    backbone_prefix: str = "backbone.",
+) -> list[dict]:
+    """Split the trainable parameters of `model` into AdamW groups.
+
+    Parameters under `backbone_prefix` get lr scale `layer_decay ** (num_layers + 1 - layer_id)`,
+    where `layer_id_fn(name_without_prefix)` returns 0 for the embeddings (patch embedding, CLS and
+    storage tokens), i + 1 for block i and num_layers + 1 for the final norm. So embeddings get
+    rate^(L+1), block i rate^(L-i) and the final norm 1; parameters outside the backbone (task
+    heads, decoders) get 1. 1-D parameters (norms, LayerScale) and biases get no weight decay.
+
+    Each group carries `lr` (= base_lr * lr_scale), `lr_scale` and `weight_decay`; the training
+    loop rescales `lr` from `lr_scale` every step.
+    """
+    groups: dict[tuple[float, float], dict] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        scale = 1.0
+        if name.startswith(backbone_prefix):
+            layer_id = layer_id_fn(name[len(backbone_prefix):])
+            if not 0 <= layer_id <= num_layers + 1:
+                raise ValueError(f"layer_id_fn gave {layer_id} for {name!r}; expected 0..{num_layers + 1}")
+            scale = layer_decay ** (num_layers + 1 - layer_id)
+        decay = 0.0 if param.ndim <= 1 or name.endswith(".bias") else weight_decay
+        group = groups.setdefault(
+            (scale, decay), {"params": [], "lr": base_lr * scale, "lr_scale": scale, "weight_decay": decay}
+        )
+        group["params"].append(param)
+    return list(groups.values())

@@ -1,0 +1,76 @@
+"""Shared fixtures: a throwaway workspace laid out like the project root."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.workspace import PROJECT_ROOT
+
+# A recipe small enough for a test yet running every stage for real (2 DeepSpeed ranks included).
+SMALL_RECIPE = {
+    "synth.n_people": 48,
+    "curation.val_fraction": 0.25,
+    "pretrain.arch": "sapiens2_debug",
+    "pretrain.steps": 4,
+    "pretrain.log_every": 2,
+    "pretrain.optim.warmup_steps": 1,
+    "pretrain.objective.teacher_temp_warmup_steps": 2,
+    "pretrain.objective.dino_out_dim": 64,
+    "pretrain.objective.dino_hidden_dim": 32,
+    "pretrain.objective.dino_bottleneck_dim": 16,
+    "pretrain.objective.decoder_dim": 32,
+    "pretrain.objective.decoder_depth": 1,
+    "pretrain.objective.decoder_heads": 2,
+    "pretrain.deepspeed.micro_batch_size": 4,
+    "pretrain.deepspeed.world_size": 2,
+    "pretrain.checkpoint.every_n_steps": 2,
+    "finetune.steps": 40,
+    "finetune.log_every": 20,
+    "finetune.optim.warmup_steps": 4,
+    "finetune.optim.lr": 0.002,
+    "finetune.deepspeed.micro_batch_size": 8,
+    "evaluate.num_visualisations": 2,
+}
+
+
+def nested(overrides: dict) -> dict:
+    out: dict = {}
+    for dotted, value in overrides.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return out
+
+
+def merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = merge(merged.get(key, {}), value) if isinstance(value, dict) else value
+    return merged
+
+
+def make_workspace(root: Path, overrides: dict | None = None) -> Path:
+    """A workspace at `root`: params.yaml (project defaults + overrides), dvc.yaml, and the code
+    folders the DVC stages depend on (symlinked, so hashes match the project's)."""
+    root.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((PROJECT_ROOT / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump(merge(params, nested(overrides or {})), sort_keys=False))
+    shutil.copy2(PROJECT_ROOT / "dvc.yaml", root / "dvc.yaml")
+    for folder in ("sapiens2", "pipelines"):
+        (root / folder).symlink_to(PROJECT_ROOT / folder, target_is_directory=True)
+    return root
+
+
+@pytest.fixture
+def small_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = make_workspace(tmp_path / "ws", SMALL_RECIPE)
+    monkeypatch.setenv("SAPIENS2_WORKSPACE", str(root))
+    monkeypatch.setenv("SAPIENS2_DVC_REMOTE", str(tmp_path / "dvc-remote"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return root

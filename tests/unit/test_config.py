@@ -1,0 +1,57 @@
+"""The platform config: a bad value fails on load, naming the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.config import PlatformConfig, load_config
+from pipelines.workspace import PROJECT_ROOT
+
+
+def test_project_params_load_and_match_the_demo_recipe() -> None:
+    config = load_config(PROJECT_ROOT / "params.yaml")
+    assert config.pretrain.arch == "sapiens2_tiny"
+    assert config.image_size == (128, 96)
+    assert config.model_name("pose") == "sapiens2-pose"
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"pretrain.arch": "sapiens2_7b"}, "pretrain.arch"),
+        ({"pretrain.deepspeed.zero_stage": 4}, "pretrain.deepspeed.zero_stage"),
+        ({"pretrain.steps": -5}, "pretrain.steps"),
+        ({"finetune.steps": 0}, "finetune.steps"),
+        ({"synth.n_people": 0}, "synth.n_people"),
+        ({"image_size": [100, 96]}, "image_size"),
+    ],
+)
+def test_bad_value_names_file_and_field(override: dict, field: str) -> None:
+    with pytest.raises(ValueError) as err:
+        load_config(PROJECT_ROOT / "params.yaml", override)
+    message = str(err.value)
+    assert "params.yaml" in message
+    assert field.split(".")[0] in message
+    assert field.split(".")[-1] in message or "image_size" in message
+
+
+def test_unknown_field_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"pretrain": {"stepz": 3}}))
+    with pytest.raises(ValueError, match=r"bad\.yaml.*pretrain\.stepz"):
+        load_config(path)
+
+
+def test_warmup_longer_than_run_is_rejected() -> None:
+    with pytest.raises(ValueError, match="warmup_steps"):
+        load_config(None, {"finetune.steps": 10, "finetune.optim.warmup_steps": 20})
+
+
+def test_overrides_are_applied_and_typed() -> None:
+    config = load_config(None, {"pretrain.deepspeed.zero_stage": 3, "finetune.init_checkpoint": "/x.safetensors"})
+    assert isinstance(config, PlatformConfig)
+    assert config.pretrain.deepspeed.zero_stage == 3
+    assert config.finetune.init_checkpoint == "/x.safetensors"

@@ -1,0 +1,70 @@
+"""MLflow helper conventions: URIs, per-stage experiments, flattened config, lineage tags."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.tracking import (
+    config_sha,
+    flatten_config,
+    git_commit,
+    lineage_tags,
+    log_config,
+    start_stage_run,
+    tracking_uri_for,
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tracking(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    previous = mlflow.get_tracking_uri()
+    yield
+    mlflow.set_tracking_uri(previous)
+
+
+def test_tracking_uri_default_and_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tracking_uri_for(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert tracking_uri_for(tmp_path) == "http://mlflow:5000"
+
+
+def test_stage_run_logs_config_and_tags(tmp_path: Path) -> None:
+    cfg = {"optim": {"lr": 5e-4, "betas": [0.9, 0.999]}, "task": "pose", "deepspeed": {"zero": 2}}
+    tags = lineage_tags("dg-1", "abc.dir", "def", "0123", config_sha(cfg))
+    with start_stage_run("finetune", "pose-debug", tags, workspace_root=tmp_path) as run:
+        flat = log_config(cfg)
+    with start_stage_run("finetune", "pose-debug-2", workspace_root=tmp_path) as second:
+        pass
+    assert flat == {"optim.lr": "0.0005", "optim.betas": "[0.9, 0.999]", "task": "pose",
+                    "deepspeed.zero": "2"}
+    client = MlflowClient(tracking_uri_for(tmp_path))
+    exp = client.get_experiment_by_name("sapiens2/finetune")
+    assert exp.artifact_location == (tmp_path.resolve() / "mlartifacts" / "finetune").as_uri()
+    assert second.info.experiment_id == exp.experiment_id
+    data = client.get_run(run.info.run_id).data
+    assert data.params["optim.lr"] == "0.0005"
+    assert data.tags["stage"] == "finetune" and data.tags["dvc.data_md5"] == "abc.dir"
+    assert set(tags) == {"dagster_run_id", "dvc.data_md5", "dvc.backbone_md5", "git_commit", "config_sha"}
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "config.json" in artifacts
+
+
+def test_config_sha_is_order_independent() -> None:
+    assert config_sha({"a": 1, "b": {"c": 2}}) == config_sha({"b": {"c": 2}, "a": 1})
+    assert config_sha({"a": 1}) != config_sha({"a": 2})
+    assert flatten_config({"a": {"b": {"c": 1}}}) == {"a.b.c": "1"}
+
+
+def test_git_commit(tmp_path: Path) -> None:
+    assert git_commit(tmp_path) == "unknown"
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert git_commit(tmp_path) == head and len(head) == 40
