@@ -1,0 +1,45 @@
+"""Per-step schedules of the distillation objective, as arrays indexed by optimizer step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sapiens2.pretrain.config import ObjectiveConfig
+
+
+def teacher_temp_schedule(
+    start: float, end: float, warmup_steps: int, total_steps: int
+) -> np.ndarray:
+    """Linear ramp from ``start`` to ``end`` over ``warmup_steps``, then constant ``end``.
+
+    A low initial teacher temperature sharpens targets early, which DINO found to stabilise the
+    first steps; the warmup is clipped to the run length.
+    """
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    warmup = min(warmup_steps, total_steps)
+    ramp = np.linspace(start, end, warmup, endpoint=False)
+    return np.concatenate([ramp, np.full(total_steps - warmup, end)])
+
+
+def ema_momentum_schedule(start: float, end: float, total_steps: int) -> np.ndarray:
+    """Cosine ramp of the teacher EMA momentum from ``start`` (step 0) to ``end`` (last step)."""
+    if total_steps < 1:
+        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+    progress = np.arange(total_steps) / max(total_steps - 1, 1)
+    return end - (end - start) * (np.cos(np.pi * progress) + 1) / 2
+
+
+def objective_schedules(cfg: ObjectiveConfig, total_steps: int) -> dict[str, np.ndarray]:
+    """The objective's per-step arrays for a run: ``teacher_temp`` and ``ema_momentum``."""
+    return {
+        "teacher_temp": teacher_temp_schedule(
+            cfg.teacher_temp_warmup_start,
+            cfg.teacher_temp,
+            cfg.teacher_temp_warmup_steps,
+            total_steps,
+        ),
+        "ema_momentum": ema_momentum_schedule(
+            cfg.ema_momentum_start, cfg.ema_momentum_end, total_steps
+        ),
+    }
