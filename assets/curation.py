@@ -1,6 +1,5 @@
 """Curation group: raw pool -> curated dataset -> great-expectations gate -> DVC-versioned dataset."""
 
-from __future__ import annotations
 
 import shutil
 

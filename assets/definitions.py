@@ -1,6 +1,5 @@
 """The Dagster code location: every asset, check, job and resource of the platform."""
 
-from __future__ import annotations
 
 import dagster as dg
 

@@ -4,7 +4,6 @@ The run goes into the Dagster instance under `$DAGSTER_HOME` (default `.dagster_
 Dagster UI shows it afterwards, exactly as if "Materialize all" had been pressed there.
 """
 
-from __future__ import annotations
 
 import argparse
 import os

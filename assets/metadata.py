@@ -1,6 +1,5 @@
 """Dagster metadata helpers: pictures and tables shown on an asset's page."""
 
-from __future__ import annotations
 
 import base64
 from pathlib import Path

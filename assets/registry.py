@@ -1,12 +1,12 @@
 """Evaluation and registry groups: held-out evaluation, the baseline gate, MLflow registration, promotion."""
 
-from __future__ import annotations
 
 import json
 
 import dagster as dg
 import mlflow
 import pandas as pd
+from pydantic import Field
 
 from assets import metadata
 from assets.curation import TRANSIENT
@@ -58,7 +58,7 @@ def registered_models(context: dg.AssetExecutionContext, platform: PlatformResou
 
 
 class PromoteConfig(dg.Config):
-    reason: str = dg.Field(default="end-to-end run", description="why this promotion was requested (recorded on the version)")
+    reason: str = Field(default="end-to-end run", description="why this promotion was requested (recorded on the version)")
 
 
 @dg.asset(group_name="registry", deps=[registered_models], retry_policy=TRANSIENT, kinds={"mlflow"})

@@ -4,13 +4,12 @@ Each is a small interface with one implementation per environment, chosen by con
 `definitions.py` (embedded defaults: a local DVC remote and a SQLite MLflow store in the workspace).
 """
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
 import dagster as dg
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from pipelines.config import PlatformConfig, load_config
 from pipelines.version import DvcWorkspace
@@ -26,15 +25,15 @@ class PlatformResource(dg.ConfigurableResource):
     negative steps) fails while the first step starts, before any work, naming the field.
     """
 
-    arch: str = dg.Field(default=_DEFAULTS.pretrain.arch, description="backbone size, e.g. sapiens2_tiny, sapiens2_0.4b")
-    n_people: int = dg.Field(default=_DEFAULTS.synth.n_people, description="synthetic people in the raw pool")
+    arch: str = Field(default=_DEFAULTS.pretrain.arch, description="backbone size, e.g. sapiens2_tiny, sapiens2_0.4b")
+    n_people: int = Field(default=_DEFAULTS.synth.n_people, description="synthetic people in the raw pool")
     pretrain_steps: int = _DEFAULTS.pretrain.steps
     finetune_steps: int = _DEFAULTS.finetune.steps
-    zero_stage: int = dg.Field(default=_DEFAULTS.pretrain.deepspeed.zero_stage, description="DeepSpeed ZeRO stage (1, 2 or 3)")
-    world_size: int = dg.Field(default=_DEFAULTS.pretrain.deepspeed.world_size, description="pretraining ranks")
+    zero_stage: int = Field(default=_DEFAULTS.pretrain.deepspeed.zero_stage, description="DeepSpeed ZeRO stage (1, 2 or 3)")
+    world_size: int = Field(default=_DEFAULTS.pretrain.deepspeed.world_size, description="pretraining ranks")
     micro_batch_size: int = _DEFAULTS.pretrain.deepspeed.micro_batch_size
     grad_accum_steps: int = _DEFAULTS.pretrain.deepspeed.grad_accum_steps
-    init_checkpoint: Optional[str] = dg.Field(
+    init_checkpoint: Optional[str] = Field(
         default=None, description="fine-tune from this published backbone (.safetensors/.pth) instead of our pretraining"
     )
 
@@ -82,7 +81,7 @@ class PlatformResource(dg.ConfigurableResource):
 class DvcResource(dg.ConfigurableResource):
     """Versions stage outputs with DVC and pushes them to the remote (local folder or S3)."""
 
-    remote_url: str = dg.Field(default="", description="DVC remote; empty = $SAPIENS2_DVC_REMOTE or <workspace>/.dvc-storage")
+    remote_url: str = Field(default="", description="DVC remote; empty = $SAPIENS2_DVC_REMOTE or <workspace>/.dvc-storage")
     push: bool = True
 
     def repo(self, ws: Workspace) -> DvcWorkspace:

@@ -5,7 +5,6 @@ log lines and metadata back, then records the output folder with DVC. A retry re
 program's latest checkpoint; a fresh materialisation starts from an empty folder.
 """
 
-from __future__ import annotations
 
 import shutil
 import sys
