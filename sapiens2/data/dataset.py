@@ -1,0 +1,237 @@
+"""Curated, labelled images as training/evaluation batches for the five tasks.
+
+`CuratedDataset` reads the kept rows of one split from `curated_dir/manifest.parquet`, the
+image from `curated_dir/images/` and its labels from `curated_dir/labels/<id>.npz`; `collate`
+stacks samples into the batch dict every task's loss and metric take. Labels are validated on
+read so a bad file fails with its path and field instead of deep inside a loss.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pandas as pd
+import torch
+from torch.utils.data import Dataset
+
+from sapiens2.tasks import TASK_NAMES
+from sapiens2.tasks.pose import COCO_FLIP_PAIRS
+from sapiens2.tasks.seg import IGNORE_INDEX, SEG_FLIP
+
+IMAGE_MEAN = (123.675, 116.28, 103.53)
+IMAGE_STD = (58.395, 57.12, 57.375)
+
+# Label arrays each task needs; mask, K and bbox are always read (small, shared by several).
+TASK_FIELDS = {
+    "pose": ("keypoints",),
+    "seg": ("seg",),
+    "normal": ("normal",),
+    "pointmap": ("pointmap",),
+    "albedo": ("albedo",),
+}
+COMMON_FIELDS = ("mask", "K", "bbox")
+MAP_CHANNELS = {"seg": None, "mask": None, "normal": 3, "pointmap": 3, "albedo": 3}
+
+
+def normalize_images(images_uint8: torch.Tensor) -> torch.Tensor:
+    """(B, H, W, 3) uint8 RGB -> (B, 3, H, W) float32 normalised with the ImageNet statistics."""
+    x = images_uint8.permute(0, 3, 1, 2).float()
+    mean = x.new_tensor(IMAGE_MEAN)[None, :, None, None]
+    std = x.new_tensor(IMAGE_STD)[None, :, None, None]
+    return (x - mean) / std
+
+
+def validate_labels(
+    labels: dict[str, np.ndarray],
+    height: int,
+    width: int,
+    num_keypoints: int,
+    num_classes: int,
+    path: str,
+) -> None:
+    """Raise ValueError naming the file and field for a wrong shape or out-of-range value."""
+
+    def fail(field: str, why: str) -> None:
+        raise ValueError(f"{path}: field {field!r} {why}")
+
+    for field, channels in MAP_CHANNELS.items():
+        if field in labels:
+            expected = (height, width) if channels is None else (height, width, channels)
+            if labels[field].shape != expected:
+                fail(field, f"has shape {labels[field].shape}, image needs {expected}")
+    if "keypoints" in labels and labels["keypoints"].shape != (num_keypoints, 3):
+        fail("keypoints", f"has shape {labels['keypoints'].shape}, expected ({num_keypoints}, 3)")
+    if "seg" in labels:
+        ids = np.unique(labels["seg"])
+        bad = ids[(ids >= num_classes) & (ids != IGNORE_INDEX)]
+        if bad.size:
+            fail(
+                "seg",
+                f"has class ids {bad.tolist()} outside 0..{num_classes - 1} (or {IGNORE_INDEX})",
+            )
+    if labels["K"].shape != (3, 3):
+        fail("K", f"has shape {labels['K'].shape}, expected (3, 3)")
+    if labels["bbox"].shape != (4,):
+        fail("bbox", f"has shape {labels['bbox'].shape}, expected (4,)")
+
+
+def resize_sample(sample: dict[str, Any], height: int, width: int) -> dict[str, Any]:
+    """Resize image and labels together; coordinates scale with the pixel grid."""
+    h0, w0 = sample["image"].shape[:2]
+    sx, sy = width / w0, height / h0
+    out = dict(
+        sample, image=cv2.resize(sample["image"], (width, height), interpolation=cv2.INTER_AREA)
+    )
+    for field in MAP_CHANNELS:
+        if field in sample:
+            # Nearest keeps labels discrete and never blends the person with the zero background.
+            dtype = sample[field].dtype
+            resized = cv2.resize(
+                sample[field].astype(np.float32 if dtype in (bool, np.float16) else dtype),
+                (width, height),
+                interpolation=cv2.INTER_NEAREST_EXACT,
+            )
+            out[field] = resized.astype(dtype)
+    if "keypoints" in sample:
+        out["keypoints"] = sample["keypoints"] * np.array([sx, sy, 1], np.float32)
+    out["K"] = np.diag([sx, sy, 1]).astype(np.float32) @ sample["K"]
+    out["bbox"] = sample["bbox"] * np.array([sx, sy, sx, sy], np.float32)
+    return out
+
+
+def hflip_sample(
+    sample: dict[str, Any], flip_pairs: Sequence[tuple[int, int]], seg_flip: Sequence[int]
+) -> dict[str, Any]:
+    """Mirror a sample left-right, keeping every label consistent with the mirrored image.
+
+    x -> W - x (pixel centres at column + 0.5), left/right keypoints and part classes swap,
+    normals and pointmaps negate X (the scene mirrored about the camera's X = 0 plane), and
+    the principal point mirrors, cx -> W - cx, so K still projects the pointmap onto the image.
+    """
+    width = sample["image"].shape[1]
+    out = {
+        k: (np.ascontiguousarray(v[:, ::-1]) if k in MAP_CHANNELS or k == "image" else v)
+        for k, v in sample.items()
+    }
+    if "keypoints" in sample:
+        kpts = sample["keypoints"].copy()
+        kpts[:, 0] = width - kpts[:, 0]
+        for left, right in flip_pairs:
+            kpts[[left, right]] = kpts[[right, left]]
+        out["keypoints"] = kpts
+    if "seg" in sample:
+        lut = np.arange(256, dtype=np.uint8)
+        lut[: len(seg_flip)] = seg_flip
+        out["seg"] = lut[out["seg"]]
+    for field in ("normal", "pointmap"):
+        if field in sample:
+            out[field] = out[field].copy()
+            out[field][..., 0] = -out[field][..., 0]
+    out["K"] = sample["K"].copy()
+    out["K"][0, 2] = width - sample["K"][0, 2]
+    x0, y0, x1, y1 = sample["bbox"]
+    out["bbox"] = np.array([width - x1, y0, width - x0, y1], np.float32)
+    return out
+
+
+class CuratedDataset(Dataset):
+    """Kept images of one split with the labels of the requested tasks.
+
+    hflip_prob defaults to 0.5 for the "train" split and 0 otherwise. Flip decisions depend only
+    on (seed, epoch, index), so runs and resumed runs see the same augmentation; call
+    `set_epoch` each epoch.
+    """
+
+    def __init__(
+        self,
+        curated_dir: str | os.PathLike,
+        split: str,
+        height: int = 128,
+        width: int = 96,
+        tasks: Sequence[str] = TASK_NAMES,
+        hflip_prob: float | None = None,
+        flip_pairs: Sequence[tuple[int, int]] = COCO_FLIP_PAIRS,
+        seg_flip: Sequence[int] = SEG_FLIP,
+        num_keypoints: int = 17,
+        seed: int = 0,
+    ) -> None:
+        unknown = set(tasks) - set(TASK_NAMES)
+        if unknown:
+            raise ValueError(f"unknown tasks {sorted(unknown)}; expected a subset of {TASK_NAMES}")
+        self.root = Path(curated_dir)
+        manifest = pd.read_parquet(self.root / "manifest.parquet")
+        rows = manifest[(manifest["status"] == "kept") & (manifest["split"] == split)]
+        self.ids = sorted(str(i) for i in rows["id"])
+        if not self.ids:
+            raise ValueError(f"{self.root / 'manifest.parquet'}: no kept rows in split {split!r}")
+        files = {Path(name).stem: name for name in os.listdir(self.root / "images")}
+        missing = [i for i in self.ids if i not in files]
+        if missing:
+            raise ValueError(f"{self.root / 'images'}: no image for kept ids {missing[:5]}")
+        self.image_files = [files[i] for i in self.ids]
+        self.height, self.width = height, width
+        self.fields = COMMON_FIELDS + tuple(f for t in tasks for f in TASK_FIELDS[t])
+        self.hflip_prob = (0.5 if split == "train" else 0.0) if hflip_prob is None else hflip_prob
+        self.flip_pairs, self.seg_flip = tuple(flip_pairs), tuple(seg_flip)
+        self.num_keypoints, self.num_classes = num_keypoints, len(seg_flip)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        image_path = self.root / "images" / self.image_files[index]
+        bgr = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError(f"{image_path}: unreadable image")
+        label_path = self.root / "labels" / f"{self.ids[index]}.npz"
+        with np.load(label_path) as npz:
+            absent = [f for f in self.fields if f not in npz.files]
+            if absent:
+                raise ValueError(f"{label_path}: missing field(s) {absent}")
+            labels = {f: npz[f] for f in self.fields}
+        height, width = bgr.shape[:2]
+        validate_labels(
+            labels, height, width, self.num_keypoints, self.num_classes, str(label_path)
+        )
+        sample = {"id": self.ids[index], "image": cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), **labels}
+        if (height, width) != (self.height, self.width):
+            sample = resize_sample(sample, self.height, self.width)
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        if self.hflip_prob > 0 and rng.random() < self.hflip_prob:
+            sample = hflip_sample(sample, self.flip_pairs, self.seg_flip)
+        return sample
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack samples into the task batch: images normalised, maps channel-first float, seg long."""
+    images = torch.from_numpy(np.stack([s["image"] for s in samples]))
+    batch: dict[str, Any] = {
+        "id": [s["id"] for s in samples],
+        "image_uint8": images,
+        "image": normalize_images(images),
+    }
+
+    def stack(field: str) -> torch.Tensor:
+        return torch.from_numpy(np.stack([s[field] for s in samples]))
+
+    for field in samples[0]:
+        if field in ("keypoints", "K", "bbox"):
+            batch[field] = stack(field).float()
+        elif field == "seg":
+            batch[field] = stack(field).long()
+        elif field == "mask":
+            batch[field] = stack(field).bool()
+        elif field in ("normal", "pointmap"):
+            batch[field] = stack(field).float().permute(0, 3, 1, 2).contiguous()
+        elif field == "albedo":
+            batch[field] = (stack(field).float() / 255.0).permute(0, 3, 1, 2).contiguous()
+    return batch

@@ -1,0 +1,128 @@
+"""Albedo: RMSNorm pixel-shuffle decoder, L1 + gradient L1 + chromaticity L1, MAE/RMSE/PSNR/SSIM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.heads import build_pixel_shuffle_head
+from sapiens2.tasks.losses import chromaticity, gradient_l1, masked_l1, masked_mean
+
+
+def gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return (g[:, None] * g[None, :])[None, None]
+
+
+def ssim_map(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+    """Per-pixel SSIM (Wang et al. 2004: 11x11 Gaussian window, sigma 1.5), channel mean (B, H, W).
+
+    Reflect padding keeps the map the image size so it can be averaged under the person mask.
+    """
+    c = pred.shape[1]
+    window = gaussian_window().to(pred).expand(c, 1, -1, -1)
+    pad = window.shape[-1] // 2
+
+    def blur(x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.pad(x, (pad,) * 4, mode="reflect"), window, groups=c)
+
+    mu_p, mu_t = blur(pred), blur(target)
+    var_p = blur(pred * pred) - mu_p**2
+    var_t = blur(target * target) - mu_t**2
+    cov = blur(pred * target) - mu_p * mu_t
+    c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
+    ssim = ((2 * mu_p * mu_t + c1) * (2 * cov + c2)) / (
+        (mu_p**2 + mu_t**2 + c1) * (var_p + var_t + c2)
+    )
+    return ssim.mean(dim=1)
+
+
+@dataclass(frozen=True)
+class AlbedoTask(Task):
+    """Diffuse albedo as RGB in [0, 1]; losses and metrics on the person mask only."""
+
+    name: ClassVar[str] = "albedo"
+    primary_metric: ClassVar[str] = "psnr"
+    higher_is_better: ClassVar[bool] = True
+
+    l1_weight: float = 2.0
+    gradient_l1_weight: float = 2.0
+    chromaticity_l1_weight: float = 1.0
+
+    def build_head(self, embed_dim: int, scale: str) -> nn.Module:
+        return build_pixel_shuffle_head(embed_dim, scale, 3, norm="rms")
+
+    def loss(
+        self, pred: torch.Tensor, batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        target = batch["albedo"].to(pred)
+        mask = batch["mask"].to(pred.device)
+        return weighted_items(
+            {
+                "albedo_l1": (self.l1_weight, masked_l1(pred, target, mask)),
+                "albedo_gradient_l1": (self.gradient_l1_weight, gradient_l1(pred, target, mask)),
+                "chromaticity_l1": (
+                    self.chromaticity_l1_weight,
+                    masked_l1(chromaticity(pred), chromaticity(target), mask),
+                ),
+            }
+        )
+
+    def decode(self, pred: torch.Tensor) -> list[np.ndarray]:
+        """(H, W, 3) float32 albedo clipped to [0, 1]."""
+        return list(pred.detach().float().clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy())
+
+    def metric(self) -> AlbedoMetric:
+        return AlbedoMetric()
+
+    def visualize(self, image_uint8: np.ndarray, output: np.ndarray) -> np.ndarray:
+        return (np.clip(output, 0, 1) * 255).round().astype(np.uint8)
+
+
+class AlbedoMetric(SummedStateMetric):
+    """MAE, RMSE and PSNR over all masked pixel-channels of the data set (values in [0, 1],
+    PSNR = 10 log10(1 / MSE)), and SSIM averaged under each image's mask then over images."""
+
+    def _empty_state(self) -> dict[str, np.ndarray]:
+        return {
+            "sum_abs": np.zeros((), np.float64),
+            "sum_sq": np.zeros((), np.float64),
+            "count": np.zeros((), np.int64),
+            "sum_ssim": np.zeros((), np.float64),
+            "images": np.zeros((), np.int64),
+        }
+
+    def update(self, pred: torch.Tensor, batch: dict[str, Any]) -> None:
+        pred = pred.detach().double().clamp(0, 1)
+        target = batch["albedo"].to(pred)
+        mask = batch["mask"].to(pred.device)
+        channels = pred.shape[1]
+        diff = (pred - target) * mask[:, None]
+        self.state["sum_abs"] += diff.abs().sum().item()
+        self.state["sum_sq"] += diff.pow(2).sum().item()
+        self.state["count"] += int(mask.sum().item()) * channels
+        ssim = ssim_map(pred, target)
+        for image_ssim, image_mask in zip(ssim, mask, strict=True):
+            if image_mask.any():
+                self.state["sum_ssim"] += masked_mean(image_ssim[None], image_mask[None]).item()
+                self.state["images"] += 1
+
+    def compute(self) -> dict[str, float]:
+        count = int(self.state["count"])
+        if count == 0:
+            raise ValueError("AlbedoMetric.compute called with no masked pixels")
+        mse = float(self.state["sum_sq"]) / count
+        return {
+            "mae": float(self.state["sum_abs"]) / count,
+            "rmse": float(np.sqrt(mse)),
+            "psnr": float(10 * np.log10(1.0 / max(mse, 1e-12))),
+            "ssim": float(self.state["sum_ssim"]) / int(self.state["images"]),
+        }

@@ -1,0 +1,202 @@
+"""Task heads shared by the five tasks (facts section 3), one definition each plus width tables.
+
+- `DeconvHead`: transposed-conv upsampling stages then 1x1 convs (pose: 4x, segmentation: 16x).
+- `PixelShuffleDecoder`: conv stem, 2x pixel-shuffle up-blocks, 3x3 convs, 1x1 output
+  (normal, albedo and the pointmap's canonical XYZ: 16x).
+- `ScaleBranch`: the pointmap head's global regressor of s = f_canonical / f_x.
+
+"reference" widths follow the facts for the 0.4b/0.8b models; "tiny" widths are 1/8 to 1/16 of
+them so a 2-core CPU fine-tunes the demo models (128x96 images) at well under a second a step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from sapiens2.tasks.base import check_scale
+
+
+@dataclass(frozen=True)
+class DeconvWidths:
+    deconv: tuple[int, ...]
+    convs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PixelShuffleWidths:
+    upsample: tuple[int, ...]
+    convs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ScaleBranchWidths:
+    convs: tuple[int, ...]
+    stride: int  # of each 1x1 conv; 2 subsamples the grid as in the reference head
+    pooled_grid: tuple[int, int]  # (h, w) after pooling; (8, 6) is the reference 64x48 grid / 8
+    mlp: tuple[int, ...]
+
+
+POSE_WIDTHS = {
+    "reference": DeconvWidths(deconv=(1024, 768), convs=(512, 512, 256)),
+    "tiny": DeconvWidths(deconv=(128, 96), convs=(64, 64, 32)),
+}
+SEG_WIDTHS = {
+    "reference": DeconvWidths(deconv=(512, 256, 128, 64), convs=(64, 64)),
+    "tiny": DeconvWidths(deconv=(64, 32, 16, 16), convs=(16, 16)),
+}
+PIXEL_SHUFFLE_WIDTHS = {
+    "reference": PixelShuffleWidths(upsample=(768, 512, 256, 128), convs=(64, 32, 16)),
+    "tiny": PixelShuffleWidths(upsample=(64, 32, 16, 8), convs=(8, 8, 8)),
+}
+SCALE_BRANCH_WIDTHS = {
+    "reference": ScaleBranchWidths(
+        convs=(1536, 512, 128), stride=2, pooled_grid=(8, 6), mlp=(512, 128)
+    ),
+    # Three stride-2 1x1 convs would keep only the top-left token of the tiny 8x6 grid, so the
+    # tiny branch keeps the grid and averages every token instead.
+    "tiny": ScaleBranchWidths(convs=(64, 32, 16), stride=1, pooled_grid=(1, 1), mlp=(32, 16)),
+}
+
+
+class ChannelRMSNorm(nn.Module):
+    """RMS normalisation over the channel axis of a (B, C, H, W) map, with a per-channel gain."""
+
+    def __init__(self, channels: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.eps)
+        return x * rms * self.weight[None, :, None, None]
+
+
+def make_norm(kind: str, channels: int) -> nn.Module:
+    if kind == "instance":
+        return nn.InstanceNorm2d(channels, affine=True)
+    if kind == "rms":
+        return ChannelRMSNorm(channels)
+    raise ValueError(f"unknown norm {kind!r}; expected 'instance' or 'rms'")
+
+
+class DeconvHead(nn.Module):
+    """ConvTranspose(k4, s2, p1, no bias) + IN + SiLU stages, 1x1 conv + IN + SiLU, 1x1 out."""
+
+    def __init__(self, in_channels: int, widths: DeconvWidths, out_channels: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for width in widths.deconv:
+            layers += [
+                nn.ConvTranspose2d(channels, width, kernel_size=4, stride=2, padding=1, bias=False),
+                make_norm("instance", width),
+                nn.SiLU(),
+            ]
+            channels = width
+        for width in widths.convs:
+            layers += [nn.Conv2d(channels, width, 1), make_norm("instance", width), nn.SiLU()]
+            channels = width
+        self.layers = nn.Sequential(*layers)
+        self.out = nn.Conv2d(channels, out_channels, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.out(self.layers(features))
+
+
+def _conv_norm_act(c_in: int, c_out: int, norm: str) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, padding=1), make_norm(norm, c_out), nn.SiLU()]
+
+
+class PixelShuffleDecoder(nn.Module):
+    """3x3 conv stem, up-blocks (3x3 conv to 4c, PixelShuffle(2), norm, SiLU), 3x3 convs, 1x1."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        widths: PixelShuffleWidths,
+        out_channels: int,
+        norm: str = "instance",
+    ) -> None:
+        super().__init__()
+        layers = _conv_norm_act(in_channels, widths.upsample[0], norm)
+        channels = widths.upsample[0]
+        for width in widths.upsample:
+            layers += [
+                nn.Conv2d(channels, 4 * width, 3, padding=1),
+                nn.PixelShuffle(2),
+                make_norm(norm, width),
+                nn.SiLU(),
+            ]
+            channels = width
+        for width in widths.convs:
+            layers += _conv_norm_act(channels, width, norm)
+            channels = width
+        self.layers = nn.Sequential(*layers)
+        self.out = nn.Conv2d(channels, out_channels, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.out(self.layers(features))
+
+
+class ScaleBranch(nn.Module):
+    """1x1 convs (stride 2 at reference widths), pooled to a fixed grid, MLP to one scalar > 0.
+
+    At the reference 64x48 token grid three stride-2 convs give exactly the 8x6 grid of the
+    facts, so the adaptive pool is the identity there; it only matters for other input sizes.
+    """
+
+    def __init__(self, in_channels: int, widths: ScaleBranchWidths) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for width in widths.convs:
+            layers += [nn.Conv2d(channels, width, 1, stride=widths.stride), nn.SiLU()]
+            channels = width
+        layers.append(nn.AdaptiveAvgPool2d(widths.pooled_grid))
+        self.convs = nn.Sequential(*layers)
+        mlp: list[nn.Module] = [nn.Flatten()]
+        features = channels * widths.pooled_grid[0] * widths.pooled_grid[1]
+        for width in widths.mlp:
+            mlp += [nn.Linear(features, width), nn.SiLU()]
+            features = width
+        mlp.append(nn.Linear(features, 1))
+        self.mlp = nn.Sequential(*mlp)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        # softplus keeps s > 0 (it divides the canonical pointmap) without exp's blow-ups.
+        return F.softplus(self.mlp(self.convs(features))).squeeze(1) + 1e-4
+
+
+class PointmapHead(nn.Module):
+    """Canonical-camera XYZ decoder plus the scale branch.
+
+    The canonical pointmap is the metric one scaled by s = f_canonical / f_x (isotropic, as in
+    the reference data pipeline), so the metric pointmap in metres is canonical / s.
+    """
+
+    def __init__(self, in_channels: int, scale: str) -> None:
+        super().__init__()
+        check_scale(scale)
+        self.decoder = PixelShuffleDecoder(in_channels, PIXEL_SHUFFLE_WIDTHS[scale], 3)
+        self.scale_branch = ScaleBranch(in_channels, SCALE_BRANCH_WIDTHS[scale])
+
+    def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+        canonical = self.decoder(features)
+        s = self.scale_branch(features)
+        return {"pointmap": canonical / s[:, None, None, None], "canonical": canonical, "scale": s}
+
+
+def build_deconv_head(
+    embed_dim: int, widths: dict[str, DeconvWidths], scale: str, out: int
+) -> DeconvHead:
+    return DeconvHead(embed_dim, widths[check_scale(scale)], out)
+
+
+def build_pixel_shuffle_head(
+    embed_dim: int, scale: str, out: int, norm: str = "instance"
+) -> PixelShuffleDecoder:
+    return PixelShuffleDecoder(embed_dim, PIXEL_SHUFFLE_WIDTHS[check_scale(scale)], out, norm)

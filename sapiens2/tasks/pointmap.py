@@ -1,0 +1,180 @@
+"""Pointmap: canonical XYZ decoder + scale branch, geometric losses, metric-space errors.
+
+The head predicts the pointmap of a canonical camera with focal f_canonical (the metric
+pointmap scaled isotropically by s = f_canonical / f_x, as in the reference data pipeline) and
+s itself; the metric pointmap in metres is canonical / s. f_canonical is 768 at the reference
+width of 768 pixels, so it is expressed per pixel of image width and scales with the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import cv2
+import numpy as np
+import torch
+from torch import nn
+
+from sapiens2.tasks.angular import (
+    accumulate_angular,
+    angular_error_deg,
+    empty_angular_state,
+    summarize_angular,
+)
+from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.heads import PointmapHead
+from sapiens2.tasks.losses import cosine_distance, masked_l1, scale_invariant_log_loss
+
+WITHIN_M = (0.05, 0.10, 0.20)
+
+
+def normals_from_pointmap(
+    points: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unnormalised normals (B, 3, H-1, W-1) from forward differences, and where they are valid.
+
+    dv x du points towards the camera for a surface facing it (x right, y down, z forward).
+    A normal is valid when the pixel and its right and lower neighbours are all on the mask.
+    """
+    origin = points[:, :, :-1, :-1]
+    du = points[:, :, :-1, 1:] - origin
+    dv = points[:, :, 1:, :-1] - origin
+    valid = mask[:, :-1, :-1] & mask[:, :-1, 1:] & mask[:, 1:, :-1]
+    return torch.linalg.cross(dv, du, dim=1), valid
+
+
+def canonical_scale(
+    batch: dict[str, Any], canonical_focal_per_width: float, like: torch.Tensor
+) -> torch.Tensor:
+    """Ground-truth s = f_canonical / f_x per image, f_canonical proportional to image width."""
+    width = batch["image"].shape[-1]
+    fx = batch["K"].to(like)[:, 0, 0]
+    return canonical_focal_per_width * width / fx
+
+
+@dataclass(frozen=True)
+class PointmapTask(Task):
+    """Camera-space pointmaps in metres with a per-image focal scale."""
+
+    name: ClassVar[str] = "pointmap"
+    primary_metric: ClassVar[str] = "l2_mean"
+    higher_is_better: ClassVar[bool] = False
+
+    canonical_focal_per_width: float = 1.0  # 768 px focal at the 768 px reference width
+    canonical_l1_weight: float = 1.0
+    depth_silog_weight: float = 1.0
+    normal_cosine_weight: float = 1.0
+    scale_l1_weight: float = 1.0
+
+    def build_head(self, embed_dim: int, scale: str) -> nn.Module:
+        return PointmapHead(embed_dim, scale)
+
+    def loss(
+        self, pred: dict[str, torch.Tensor], batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        canonical = pred["canonical"]
+        mask = batch["mask"].to(canonical.device)
+        s_gt = canonical_scale(batch, self.canonical_focal_per_width, canonical)
+        target = batch["pointmap"].to(canonical) * s_gt[:, None, None, None]
+        pred_normals, valid = normals_from_pointmap(canonical, mask)
+        target_normals, _ = normals_from_pointmap(target, mask)
+        return weighted_items(
+            {
+                "canonical_l1": (self.canonical_l1_weight, masked_l1(canonical, target, mask)),
+                "depth_silog": (
+                    self.depth_silog_weight,
+                    scale_invariant_log_loss(canonical[:, 2], target[:, 2], mask),
+                ),
+                "normal_cosine_distance": (
+                    self.normal_cosine_weight,
+                    cosine_distance(pred_normals, target_normals, valid),
+                ),
+                "scale_l1": (self.scale_l1_weight, (pred["scale"] - s_gt).abs().mean()),
+            }
+        )
+
+    def decode(self, pred: dict[str, torch.Tensor]) -> list[np.ndarray]:
+        """(H, W, 3) float32 camera-space XYZ in metres."""
+        return list(pred["pointmap"].detach().float().permute(0, 2, 3, 1).cpu().numpy())
+
+    def metric(self) -> PointmapMetric:
+        return PointmapMetric(self.canonical_focal_per_width)
+
+    def visualize(self, image_uint8: np.ndarray, output: np.ndarray) -> np.ndarray:
+        """Depth (Z) colour map, near = warm, normalised to the 2-98th percentile of Z > 0."""
+        depth = output[..., 2]
+        positive = depth[depth > 0]
+        if positive.size == 0:
+            return np.zeros_like(image_uint8)
+        lo, hi = np.percentile(positive, [2, 98])
+        scaled = 1.0 - np.clip((depth - lo) / max(hi - lo, 1e-6), 0, 1)
+        colored = cv2.applyColorMap((scaled * 255).astype(np.uint8), cv2.COLORMAP_TURBO)
+        colored = cv2.cvtColor(colored, cv2.COLOR_BGR2RGB)
+        return np.where((depth > 0)[..., None], colored, 0).astype(np.uint8)
+
+
+class PointmapMetric(SummedStateMetric):
+    """Metric-space pointmap errors over masked pixels, all from sums (metres, fractions).
+
+    l2_mean: mean Euclidean error; rmse: sqrt of mean squared Euclidean error; mae_x/y/z: per-
+    axis mean absolute error; within_<d>cm: fraction of pixels with Euclidean error below d;
+    derived_normal_angular_error_*: angle between normals derived from the predicted and the
+    ground-truth pointmaps; scale_mae: mean |s - s_gt| per image.
+    """
+
+    def __init__(self, canonical_focal_per_width: float = 1.0) -> None:
+        self.canonical_focal_per_width = canonical_focal_per_width
+        super().__init__()
+
+    def _empty_state(self) -> dict[str, np.ndarray]:
+        state = {
+            "sum_l2": np.zeros((), np.float64),
+            "sum_sq": np.zeros((), np.float64),
+            "sum_abs": np.zeros(3, np.float64),
+            "count": np.zeros((), np.int64),
+            "within": np.zeros(len(WITHIN_M), np.int64),
+            "sum_scale_abs": np.zeros((), np.float64),
+            "images": np.zeros((), np.int64),
+        }
+        state.update({f"normal_{k}": v for k, v in empty_angular_state().items()})
+        return state
+
+    def update(self, pred: dict[str, torch.Tensor], batch: dict[str, Any]) -> None:
+        points = pred["pointmap"].detach().double()
+        target = batch["pointmap"].to(points)
+        mask = batch["mask"].to(points.device)
+        diff = (points - target).permute(0, 2, 3, 1)[mask]  # (N, 3)
+        l2 = diff.norm(dim=1)
+        self.state["sum_l2"] += l2.sum().item()
+        self.state["sum_sq"] += l2.pow(2).sum().item()
+        self.state["sum_abs"] += diff.abs().sum(dim=0).cpu().numpy()
+        self.state["count"] += l2.numel()
+        self.state["within"] += np.array([(l2 < d).sum().item() for d in WITHIN_M], np.int64)
+        s_gt = canonical_scale(batch, self.canonical_focal_per_width, points)
+        self.state["sum_scale_abs"] += (pred["scale"].detach().double() - s_gt).abs().sum().item()
+        self.state["images"] += points.shape[0]
+        pred_normals, valid = normals_from_pointmap(points, mask)
+        target_normals, _ = normals_from_pointmap(target, mask)
+        accumulate_angular(
+            self.state, angular_error_deg(pred_normals, target_normals)[valid], "normal_"
+        )
+
+    def compute(self) -> dict[str, float]:
+        count = int(self.state["count"])
+        if count == 0:
+            raise ValueError("PointmapMetric.compute called with no masked pixels")
+        mae = self.state["sum_abs"] / count
+        out = {
+            "l2_mean": float(self.state["sum_l2"]) / count,
+            "rmse": float(np.sqrt(self.state["sum_sq"] / count)),
+            "mae_x": float(mae[0]),
+            "mae_y": float(mae[1]),
+            "mae_z": float(mae[2]),
+            "scale_mae": float(self.state["sum_scale_abs"]) / int(self.state["images"]),
+        }
+        for d, n in zip(WITHIN_M, self.state["within"], strict=True):
+            out[f"within_{round(d * 100)}cm"] = int(n) / count
+        if int(self.state["normal_count"]) > 0:
+            out.update(summarize_angular(self.state, "derived_normal_angular_error", "normal_"))
+        return out

@@ -1,0 +1,106 @@
+"""Pointmap: metric-space errors on known offsets, canonical/scale loss, derived normals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sapiens2.tasks import get_task
+from sapiens2.tasks.pointmap import normals_from_pointmap
+
+H, W = 8, 6
+
+
+def plane_batch(b: int = 2, fx: float = 12.0) -> dict:
+    """A tilted plane in front of a pinhole camera, all pixels on the mask."""
+    yy, xx = torch.meshgrid(torch.arange(H) + 0.5, torch.arange(W) + 0.5, indexing="ij")
+    z = (2.0 + 0.05 * xx + 0.02 * yy).expand(b, H, W) + 0.5 * torch.arange(b)[:, None, None]
+    points = torch.stack([(xx - W / 2) * z / fx, (yy - H / 2) * z / fx, z], 1)
+    K = torch.tensor([[fx, 0, W / 2], [0, fx, H / 2], [0, 0, 1.0]]).expand(b, 3, 3)
+    return {
+        "image": torch.zeros(b, 3, H, W),
+        "pointmap": points,
+        "K": K,
+        "mask": torch.ones(b, H, W, dtype=torch.bool),
+    }
+
+
+def prediction_for(points: torch.Tensor, scale: torch.Tensor) -> dict:
+    return {"pointmap": points, "canonical": points * scale[:, None, None, None], "scale": scale}
+
+
+def test_metric_on_known_offsets():
+    batch = plane_batch(b=1)
+    batch["mask"][:] = False
+    batch["mask"][0, 0, :4] = True
+    offsets = torch.tensor(
+        [[0.03, 0.0, 0.0], [0.0, -0.08, 0.0], [0.09, 0.0, 0.12], [0.0, 0.0, -0.3]]
+    )
+    pred = batch["pointmap"].clone()
+    pred[0, :, 0, :4] += offsets.T
+    metric = get_task("pointmap").metric()
+    s_gt = torch.tensor([W / 12.0])
+    metric.update(prediction_for(pred, s_gt + 0.1), batch)
+    r = metric.compute()
+    dist = np.array([0.03, 0.08, 0.15, 0.3])
+    assert r["l2_mean"] == pytest.approx(dist.mean())
+    assert r["rmse"] == pytest.approx(np.sqrt((dist**2).mean()))
+    assert (r["mae_x"], r["mae_y"], r["mae_z"]) == pytest.approx((0.12 / 4, 0.08 / 4, 0.42 / 4))
+    assert (r["within_5cm"], r["within_10cm"], r["within_20cm"]) == (0.25, 0.5, 0.75)
+    assert r["scale_mae"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_merge_of_two_halves_equals_the_whole_and_perfect_is_zero():
+    batch = plane_batch(b=4)
+    g = torch.Generator().manual_seed(0)
+    pred = batch["pointmap"] + 0.05 * torch.randn(4, 3, H, W, generator=g)
+    scale = torch.full((4,), 0.5)
+    task = get_task("pointmap")
+    whole, first, second = task.metric(), task.metric(), task.metric()
+    whole.update(prediction_for(pred, scale), batch)
+    half = lambda d, sl: {k: v[sl] for k, v in d.items()}  # noqa: E731
+    first.update(prediction_for(pred[:2], scale[:2]), half(batch, slice(0, 2)))
+    second.update(prediction_for(pred[2:], scale[2:]), half(batch, slice(2, 4)))
+    assert first.merge(second).compute() == pytest.approx(whole.compute(), rel=1e-12)
+    perfect = task.metric()
+    perfect.update(prediction_for(batch["pointmap"], torch.full((4,), W / 12.0)), batch)
+    r = perfect.compute()
+    assert r["l2_mean"] == pytest.approx(0.0, abs=1e-6) and r["within_5cm"] == 1.0
+    assert r["derived_normal_angular_error_mean"] < 0.05 and r["scale_mae"] < 1e-6
+
+
+def test_loss_is_zero_for_the_canonical_target_and_scale():
+    task = get_task("pointmap")
+    batch = plane_batch()
+    s_gt = W / batch["K"][:, 0, 0]  # f_canonical = image width at the reference ratio
+    _, log = task.loss(prediction_for(batch["pointmap"], s_gt), batch)
+    assert log["loss"] == pytest.approx(0.0, abs=1e-5)
+    _, off = task.loss(prediction_for(batch["pointmap"], s_gt * 1.2), batch)
+    assert off["scale_l1"] == pytest.approx(0.2 * s_gt.mean().item(), rel=1e-5)
+    assert off["canonical_l1"] > 0
+    # Eigen's log loss with lambda 0.5 keeps half the cost of a global scale: (1 - 0.5) log(1.2)^2.
+    assert off["depth_silog"] == pytest.approx(0.5 * np.log(1.2) ** 2, rel=1e-4)
+    assert off["normal_cosine_distance"] < 1e-6  # normals do not change with scale
+
+
+def test_normals_from_pointmap_face_the_camera():
+    batch = plane_batch(b=1)
+    flat = batch["pointmap"].clone()
+    flat[:, 2] = 3.0
+    normals, valid = normals_from_pointmap(flat, batch["mask"])
+    unit = torch.nn.functional.normalize(normals, dim=1)
+    assert bool(valid.all()) and valid.shape == (1, H - 1, W - 1)
+    torch.testing.assert_close(
+        unit, torch.tensor([0.0, 0.0, -1.0])[None, :, None, None].expand_as(unit)
+    )
+
+
+def test_visualize_depth_colours_near_differs_from_far():
+    task = get_task("pointmap")
+    points = np.zeros((4, 4, 3), np.float32)
+    points[:2, :, 2] = 1.0
+    points[2:3, :, 2] = 5.0
+    picture = task.visualize(np.zeros((4, 4, 3), np.uint8), points)
+    assert picture.dtype == np.uint8 and (picture[3] == 0).all()
+    assert not (picture[0, 0] == picture[2, 0]).all()
