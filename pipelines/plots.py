@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from sapiens2.pretrain.augment import normalize  # noqa: E402
+from sapiens2.data.normalize import normalize  # noqa: E402
 from sapiens2.pretrain.mae import patchify, unpatchify  # noqa: E402
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices  # noqa: E402
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sapiens2.data.dataset import normalize_images
+from sapiens2.data.normalize import normalize_images
 from sapiens2.model import build_backbone, load_checkpoint
 from sapiens2.tasks import TaskModel, build_task_model, get_task
 

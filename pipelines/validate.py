@@ -104,7 +104,7 @@ def curated_suite() -> gx.ExpectationSuite:
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="width", column_B="short_side", or_equal=True),
         gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="height", column_B="short_side", or_equal=True),
         _between("sharpness", 0), _between("brightness", 0, 255),
-        _between("clipped_fraction", 0, 1), _between("person_score", 0, 1),
+        _between("clipped_fraction", 0, 1), _between("person_score", 0),  # detector margin, unbounded above
         _between("num_persons", 0), _between("text_score", 0, 1),
         _between("num_persons", 1, **kept),
     ]
@@ -116,8 +116,10 @@ def counts_suite() -> gx.ExpectationSuite:
     return gx.ExpectationSuite(name="curated_counts", expectations=[
         _between("kept_rows", 1),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="kept_rows", column_B="image_files"),
-        gxe.ExpectColumnPairValuesToBeEqual(column_A="kept_rows", column_B="label_files",
-                                            ignore_row_if="either_value_is_missing"),
+        # Kept images without task labels still serve pretraining; tasks use the labelled ones.
+        gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A="kept_rows", column_B="label_files", or_equal=True,
+                                                    ignore_row_if="either_value_is_missing"),
+        _between("label_files", 1),
         gxe.ExpectColumnPairValuesToBeEqual(column_A="manifest_rows", column_B="input_count",
                                             ignore_row_if="either_value_is_missing"),
     ])

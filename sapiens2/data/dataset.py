@@ -19,12 +19,11 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.pose import COCO_FLIP_PAIRS
 from sapiens2.tasks.seg import IGNORE_INDEX, SEG_FLIP
 
-IMAGE_MEAN = (123.675, 116.28, 103.53)
-IMAGE_STD = (58.395, 57.12, 57.375)
 
 # Label arrays each task needs; mask, K and bbox are always read (small, shared by several).
 TASK_FIELDS = {
@@ -36,14 +35,6 @@ TASK_FIELDS = {
 }
 COMMON_FIELDS = ("mask", "K", "bbox")
 MAP_CHANNELS = {"seg": None, "mask": None, "normal": 3, "pointmap": 3, "albedo": 3}
-
-
-def normalize_images(images_uint8: torch.Tensor) -> torch.Tensor:
-    """(B, H, W, 3) uint8 RGB -> (B, 3, H, W) float32 normalised with the ImageNet statistics."""
-    x = images_uint8.permute(0, 3, 1, 2).float()
-    mean = x.new_tensor(IMAGE_MEAN)[None, :, None, None]
-    std = x.new_tensor(IMAGE_STD)[None, :, None, None]
-    return (x - mean) / std
 
 
 def validate_labels(
@@ -167,6 +158,10 @@ class CuratedDataset(Dataset):
         manifest = pd.read_parquet(self.root / "manifest.parquet")
         rows = manifest[(manifest["status"] == "kept") & (manifest["split"] == split)]
         self.ids = sorted(str(i) for i in rows["id"])
+        if tasks:
+            # Curation keeps images for pretraining whether or not they carry task labels
+            # (near-duplicates re-framed by the generator, real photos); tasks use labelled ones.
+            self.ids = [i for i in self.ids if (self.root / "labels" / f"{i}.npz").is_file()]
         if not self.ids:
             raise ValueError(f"{self.root / 'manifest.parquet'}: no kept rows in split {split!r}")
         files = {Path(name).stem: name for name in os.listdir(self.root / "images")}

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-IMAGE_MEAN = (123.675, 116.28, 103.53)
-IMAGE_STD = (58.395, 57.12, 57.375)
+from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize  # noqa: F401 (re-exported)
 
 # RGB -> YIQ; a hue shift is a rotation of the (I, Q) chroma plane.
 _RGB_TO_YIQ = torch.tensor(
@@ -24,13 +23,6 @@ _RGB_TO_YIQ = torch.tensor(
 )
 _YIQ_TO_RGB = torch.linalg.inv(_RGB_TO_YIQ)
 _LUMA = _RGB_TO_YIQ[0]
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) float RGB on 0-255 -> normalised with the Sapiens2 mean/std."""
-    mean = torch.tensor(IMAGE_MEAN, dtype=images.dtype).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGE_STD, dtype=images.dtype).view(1, 3, 1, 1)
-    return (images - mean) / std
 
 
 def _uniform(shape: tuple[int, ...], low: float, high: float, g: torch.Generator) -> torch.Tensor:

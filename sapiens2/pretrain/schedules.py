@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.train.schedules import cosine_momentum
 
 
 def teacher_temp_schedule(
@@ -24,10 +25,7 @@ def teacher_temp_schedule(
 
 def ema_momentum_schedule(start: float, end: float, total_steps: int) -> np.ndarray:
     """Cosine ramp of the teacher EMA momentum from ``start`` (step 0) to ``end`` (last step)."""
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    progress = np.arange(total_steps) / max(total_steps - 1, 1)
-    return end - (end - start) * (np.cos(np.pi * progress) + 1) / 2
+    return cosine_momentum(start, end, total_steps)
 
 
 def objective_schedules(cfg: ObjectiveConfig, total_steps: int) -> dict[str, np.ndarray]:

@@ -21,20 +21,9 @@ from torch import nn
 
 from sapiens2.tasks.base import Task
 from sapiens2.tasks.heads import POSE_WIDTHS, build_deconv_head
+from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS, COCO_SKELETON  # noqa: F401 (re-exported)
 from sapiens2.tasks.keypoint_codec import UDPHeatmapCodec, flip_heatmaps, flip_index
 
-# COCO order: nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles (left then right).
-# fmt: off
-COCO_OKS_SIGMAS = (
-    0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
-    0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
-)
-COCO_FLIP_PAIRS = ((1, 2), (3, 4), (5, 6), (7, 8), (9, 10), (11, 12), (13, 14), (15, 16))
-COCO_SKELETON = (
-    (15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7),
-    (6, 8), (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6),
-)
-# fmt: on
 COCO_STATS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
 
 

@@ -12,33 +12,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.labels import SEG_CLASSES, SEG_FLIP, mirror_class_map  # noqa: F401 (re-exported)
 from sapiens2.tasks.heads import SEG_WIDTHS, build_deconv_head
 from sapiens2.tasks.losses import softmax_dice_loss
 
-# fmt: off
-SEG_CLASSES = (
-    "Background", "Apparel", "Eyeglass", "Face_Neck", "Hair", "Left_Foot", "Left_Hand",
-    "Left_Lower_Arm", "Left_Lower_Leg", "Left_Shoe", "Left_Sock", "Left_Upper_Arm",
-    "Left_Upper_Leg", "Lower_Clothing", "Right_Foot", "Right_Hand", "Right_Lower_Arm",
-    "Right_Lower_Leg", "Right_Shoe", "Right_Sock", "Right_Upper_Arm", "Right_Upper_Leg", "Torso",
-    "Upper_Clothing", "Lower_Lip", "Upper_Lip", "Lower_Teeth", "Upper_Teeth", "Tongue",
-)
-# fmt: on
 IGNORE_INDEX = 255
 
 
-def mirror_class_map(names: tuple[str, ...]) -> tuple[int, ...]:
-    """Class permutation under a horizontal flip: Left_X <-> Right_X, others fixed."""
-    index = {n: i for i, n in enumerate(names)}
-    swap = {"Left_": "Right_", "Right_": "Left_"}
-    out = []
-    for n in names:
-        prefix = next((p for p in swap if n.startswith(p)), None)
-        out.append(index[swap[prefix] + n[len(prefix) :]] if prefix else index[n])
-    return tuple(out)
-
-
-SEG_FLIP = mirror_class_map(SEG_CLASSES)
 
 
 def _palette(n: int) -> np.ndarray:
