@@ -10,6 +10,7 @@ from assets.training import finetuned_models, pretrained_backbone
 
 ALL_ASSETS = [raw_pool, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models,
               evaluation_report, registered_models, champion_models]
+ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 
 end_to_end = dg.define_asset_job(
     "end_to_end", selection=dg.AssetSelection.all(),
@@ -22,7 +23,7 @@ promote_job = dg.define_asset_job(
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
-    asset_checks=[curated_expectations, every_task_beats_baseline],
+    asset_checks=ALL_CHECKS,
     jobs=[end_to_end, promote_job],
     resources={
         "platform": PlatformResource(),

@@ -4,7 +4,6 @@ Each is a small interface with one implementation per environment, chosen by con
 `definitions.py` (embedded defaults: a local DVC remote and a SQLite MLflow store in the workspace).
 """
 
-
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,27 +11,27 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from pipelines.config import PlatformConfig, load_config
+from pipelines.launch import save_resolved
 from pipelines.version import DvcWorkspace
 from pipelines.workspace import Workspace
-
-_DEFAULTS = load_config(Workspace.from_env().params_file)
+from sapiens2.model.config import ARCHS
 
 
 class PlatformResource(dg.ConfigurableResource):
-    """The run config shown in the launchpad; defaults come from `params.yaml`.
+    """The run config shown in the launchpad; a field left empty takes its `params.yaml` value.
 
     Every asset requires this resource, so an invalid value (unknown model size, ZeRO stage 4,
     negative steps) fails while the first step starts, before any work, naming the field.
     """
 
-    arch: str = Field(default=_DEFAULTS.pretrain.arch, description="backbone size, e.g. sapiens2_tiny, sapiens2_0.4b")
-    n_people: int = Field(default=_DEFAULTS.synth.n_people, description="synthetic people in the raw pool")
-    pretrain_steps: int = _DEFAULTS.pretrain.steps
-    finetune_steps: int = _DEFAULTS.finetune.steps
-    zero_stage: int = Field(default=_DEFAULTS.pretrain.deepspeed.zero_stage, description="DeepSpeed ZeRO stage (1, 2 or 3)")
-    world_size: int = Field(default=_DEFAULTS.pretrain.deepspeed.world_size, description="pretraining ranks")
-    micro_batch_size: int = _DEFAULTS.pretrain.deepspeed.micro_batch_size
-    grad_accum_steps: int = _DEFAULTS.pretrain.deepspeed.grad_accum_steps
+    arch: Optional[str] = Field(default=None, description=f"backbone size, one of {sorted(ARCHS)}")
+    n_people: Optional[int] = Field(default=None, description="synthetic people in the raw pool")
+    pretrain_steps: Optional[int] = Field(default=None, description="pretraining optimizer steps")
+    finetune_steps: Optional[int] = Field(default=None, description="fine-tuning optimizer steps per task")
+    zero_stage: Optional[int] = Field(default=None, description="DeepSpeed ZeRO stage of pretraining (1, 2 or 3)")
+    world_size: Optional[int] = Field(default=None, description="pretraining ranks")
+    micro_batch_size: Optional[int] = Field(default=None, description="pretraining samples per rank per step")
+    grad_accum_steps: Optional[int] = Field(default=None, description="pretraining micro-batches per optimizer step")
     init_checkpoint: Optional[str] = Field(
         default=None, description="fine-tune from this published backbone (.safetensors/.pth) instead of our pretraining"
     )
@@ -48,7 +47,7 @@ class PlatformResource(dg.ConfigurableResource):
         return Workspace.from_env()
 
     def overrides(self) -> dict[str, Any]:
-        return {
+        fields = {
             "pretrain.arch": self.arch,
             "synth.n_people": self.n_people,
             "pretrain.steps": self.pretrain_steps,
@@ -59,6 +58,7 @@ class PlatformResource(dg.ConfigurableResource):
             "pretrain.deepspeed.grad_accum_steps": self.grad_accum_steps,
             "finetune.init_checkpoint": self.init_checkpoint,
         }
+        return {key: value for key, value in fields.items() if value is not None}
 
     def resolve(self) -> PlatformConfig:
         return load_config(self.ws.params_file, self.overrides())
@@ -71,11 +71,7 @@ class PlatformResource(dg.ConfigurableResource):
 
     def write_config(self, path: Path) -> Path:
         """Save the resolved config where a launched program (and a later reader) finds it."""
-        import yaml
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
-        return path
+        return save_resolved(self.config.to_dict(), path)
 
 
 class DvcResource(dg.ConfigurableResource):

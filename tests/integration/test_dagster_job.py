@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 
 from assets.curation import curated_dataset, curated_expectations, raw_pool, versioned_dataset
-from assets.definitions import ALL_ASSETS, defs
+from assets.definitions import ALL_ASSETS, ALL_CHECKS, defs
 from assets.resources import DvcResource, PlatformResource
 from pipelines import dataset_stats, tracking
 from pipelines.config import TASK_NAMES
@@ -55,12 +55,13 @@ def test_failing_expectation_blocks_downstream(small_workspace: Path, monkeypatc
 
 @pytest.mark.slow
 def test_end_to_end_job_materialises_everything(small_workspace: Path) -> None:
-    result = dg.materialize(ALL_ASSETS, resources=RESOURCES, selection=dg.AssetSelection.all(),
-                            raise_on_error=False)
+    result = dg.materialize([*ALL_ASSETS, *ALL_CHECKS], resources=RESOURCES, raise_on_error=False)
     failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure]
     assert result.success, failures
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert materialized == {a.key.to_user_string() for a in ALL_ASSETS}
+    checks = [e.asset_check_evaluation_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert len(checks) == 8 and all(c.passed for c in checks)
 
     report = json.loads((small_workspace / "reports" / "eval" / "metrics.json").read_text())
     assert [t["task"] for t in report["tasks"]] == list(TASK_NAMES)
