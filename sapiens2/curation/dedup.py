@@ -17,6 +17,8 @@ import cv2
 import imagehash
 import numpy as np
 from PIL import Image
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 # ORB features are extracted at this short side: small images are upscaled so that enough
 # corners survive, big ones downscaled so the cost stays bounded.
@@ -133,24 +135,18 @@ def group_duplicates(
     edges: Sequence[tuple[int, int]],
     priority: Callable[[int], tuple],
 ) -> DuplicateGroups:
-    """Union-find over duplicate ``edges``; each group keeps the member with the smallest ``priority``.
+    """Connected components of the duplicate ``edges``; each group keeps the member with the
+    smallest ``priority``.
 
     Grouping is transitive, and the representative depends only on the members' priority keys
     (not on input order), so the choice is deterministic.
     """
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j in edges:
-        parent[find(i)] = find(j)
+    rows, cols = (np.asarray(side, dtype=np.int64) for side in zip(*edges)) if edges else (np.empty(0, np.int64),) * 2
+    graph = coo_matrix((np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
     members: dict[int, list[int]] = {}
-    for i in range(n):
-        members.setdefault(find(i), []).append(i)
+    for i, label in enumerate(labels.tolist()):
+        members.setdefault(label, []).append(i)
     representative: list[int | None] = [None] * n
     for items in members.values():
         if len(items) > 1:

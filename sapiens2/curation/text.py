@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from sapiens2.curation.quality import to_grey
 
@@ -85,27 +87,16 @@ _HEIGHT_RATIO, _CENTRE_SHIFT, _GAP = 1.5, 0.25, 1.2
 def _chain_lines(glyphs: np.ndarray, min_chars: int) -> list[tuple[int, int, int, int]]:
     """Union glyphs that could be neighbours on one line; return the x0, y0, x1, y1 boxes of
     the groups with at least ``min_chars`` glyphs."""
-    n = len(glyphs)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    x, y, w, h = (glyphs[:, k].astype(np.float64) for k in range(4))
+    x, y, w, h = (glyphs[:, k].astype(np.float64)[:, None] for k in range(4))
     cy = y + h / 2
-    for i in range(n):
-        for j in range(i + 1, n):
-            hmax, hmin = max(h[i], h[j]), min(h[i], h[j])
-            gap = max(x[i], x[j]) - min(x[i] + w[i], x[j] + w[j])
-            aligned = hmax <= _HEIGHT_RATIO * hmin and abs(cy[i] - cy[j]) <= _CENTRE_SHIFT * hmax
-            if aligned and -0.3 * hmin <= gap <= _GAP * hmax:
-                parent[find(i)] = find(j)
+    hmax, hmin = np.maximum(h, h.T), np.minimum(h, h.T)
+    gap = np.maximum(x, x.T) - np.minimum(x + w, (x + w).T)
+    aligned = (hmax <= _HEIGHT_RATIO * hmin) & (np.abs(cy - cy.T) <= _CENTRE_SHIFT * hmax)
+    neighbours = aligned & (gap >= -0.3 * hmin) & (gap <= _GAP * hmax)
+    _, labels = connected_components(csr_matrix(neighbours), directed=False)
     groups: dict[int, list[int]] = {}
-    for i in range(n):
-        groups.setdefault(find(i), []).append(i)
+    for i, label in enumerate(labels.tolist()):
+        groups.setdefault(label, []).append(i)
     lines = []
     for members in groups.values():
         if len(members) >= min_chars:
