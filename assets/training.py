@@ -18,6 +18,9 @@ from assets.resources import DvcResource, PlatformResource
 from pipelines.config import TASK_NAMES
 
 TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
+# One training program at a time: each already uses every core of its node. The `training` pool
+# enforces it across runs (dagster.yaml); this op tag lets the run's executor enforce it within one.
+TRAINING_TAGS = {"sapiens2/kind": "training"}
 
 
 def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, platform: PlatformResource,
@@ -33,7 +36,7 @@ def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, 
 
 
 @dg.asset(
-    group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY,
+    group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS,
     kinds={"pytorch", "deepspeed", "dvc"},
 )
 def pretrained_backbone(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
@@ -58,7 +61,7 @@ def finetune_asset(task: str) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=f"finetuned_{task}", group_name="finetuning", deps=[pretrained_backbone, versioned_dataset],
-        pool="training", retry_policy=TRAINING_RETRY, kinds={"pytorch", "deepspeed", "dvc"},
+        pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS, kinds={"pytorch", "deepspeed", "dvc"},
         description=f"The {task} head fine-tuned on the pretrained backbone (layer-wise lr decay).",
     )
     def _finetuned(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
