@@ -36,8 +36,9 @@ class SynthConfig(_Section):
 class _TrainingSection(_Section):
     @model_validator(mode="after")
     def _warmup_fits(self):
-        if self.optim.warmup_steps > self.steps:
-            raise ValueError(f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds steps ({self.steps})")
+        shortest = min([self.steps, *getattr(self, "task_steps", {}).values()])
+        if self.optim.warmup_steps > shortest:
+            raise ValueError(f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds steps ({shortest})")
         return self
 
 
@@ -78,8 +79,24 @@ class FinetuneConfig(_TrainingSection):
     init_checkpoint: str | None = Field(
         None, description="a published Sapiens2 backbone to start from instead of our pretraining"
     )
+    task_steps: dict[str, int] = Field(
+        default_factory=dict, description="per-task step counts overriding `steps` (heatmap pose needs more)"
+    )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     optim: OptimSection = OptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+
+    @field_validator("task_steps")
+    @classmethod
+    def _known_tasks(cls, task_steps: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(task_steps) - set(TASK_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
+        if any(steps < 1 for steps in task_steps.values()):
+            raise ValueError(f"step counts must be >= 1, got {task_steps}")
+        return task_steps
+
+    def steps_for(self, task: str) -> int:
+        return self.task_steps.get(task, self.steps)
     checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
 
 

@@ -59,6 +59,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     """One rank of a fine-tuning run (collective)."""
     rank, world_size = init_distributed()
     cfg, ds = config.finetune, config.finetune.deepspeed
+    steps = cfg.steps_for(task_name)
     task = get_task(task_name)
     height, width = config.image_size
     data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed)
@@ -73,12 +74,12 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     if resumed is not None:
         start, state = resumed
         history = state["history"]
-    lrs = lr_schedule(cfg.optim, cfg.steps)
+    lrs = lr_schedule(cfg.optim, steps)
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=task_name) as tracker:
-        log = StepLogger(f"finetune {task_name}", cfg.steps, start, pipes, enabled=rank == 0)
+        log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)
         started = time.perf_counter()
-        for step in range(start, cfg.steps):
+        for step in range(start, steps):
             set_lr(engine, float(lrs[step]))
             data.set_epoch(step)
             terms: dict[str, float] = {}
@@ -92,7 +93,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
                 for key, value in parts.items():
                     terms[key] = terms.get(key, 0.0) + value / ds.grad_accum_steps
             history["loss"].append(terms["loss"])
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.log_every == 0 or step + 1 == steps:
                 log(step, {**terms, "lr": float(lrs[step])})
                 tracker.log_metrics({**terms, "lr": float(lrs[step])}, step + 1)
             if checkpoints.should_save(step + 1):
@@ -107,15 +108,15 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
             save_checkpoint(final, output_dir / "model.safetensors")
             spec = {
                 "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
-                "backbone_init": str(backbone_path), "steps": cfg.steps, "seed": cfg.seed,
+                "backbone_init": str(backbone_path), "steps": steps, "seed": cfg.seed,
                 "final_loss": history["loss"][-1],
-                "steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
+                "steps_per_second": (steps - start) / seconds if seconds > 0 else 0.0,
             }
             (output_dir / "model.json").write_text(json.dumps(spec, indent=2))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title=f"fine-tuning {task_name}")
             tracker.log_artifacts([curves, output_dir / "model.json", output_dir / "config.yaml"])
             pipes.report_asset_materialization(metadata={
-                "final_loss": spec["final_loss"], "steps": cfg.steps, "steps_per_second": spec["steps_per_second"],
+                "final_loss": spec["final_loss"], "steps": steps, "steps_per_second": spec["steps_per_second"],
                 "backbone_init": spec["backbone_init"], "mlflow_run_id": tracker.run_id or "",
             })
 

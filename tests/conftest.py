@@ -30,6 +30,7 @@ SMALL_RECIPE = {
     "pretrain.checkpoint.every_n_steps": 2,
     # Heatmap regression leaves its all-zero plateau after ~300 steps here; 400 gets pose AP > 0.
     "finetune.steps": 400,
+    "finetune.task_steps.pose": 400,
     "finetune.log_every": 100,
     "finetune.optim.warmup_steps": 20,
     "finetune.optim.lr": 0.003,
