@@ -17,9 +17,9 @@ from sapiens2.model.attention import GroupedQueryAttention
 from sapiens2.model.block import SwiGLUFFN
 from sapiens2.model.rope import RopePositionEmbedding, apply_rope, rotate_half
 
-# The reference listing: a copy under tests/assets if the repo carries one, else the shared one.
+# The reference listing lives in ../shared/reference beside the checkout (CI lays it there too).
 LISTING = "official_backbone_state_dicts.json"
-CANDIDATES = (Path(__file__).parents[1] / "assets", Path("/work/shared/reference"))
+CANDIDATES = (Path(__file__).resolve().parents[3] / "shared" / "reference",)
 REFERENCE = next((d / LISTING for d in CANDIDATES if (d / LISTING).is_file()), None)
 # Parameter counts of the reference release (facts table), checked even without the listing.
 NUM_PARAMS = {
