@@ -45,8 +45,7 @@ PREFIX = 9
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    if REFERENCE is None:
-        pytest.skip(f"reference listing {LISTING} not available")
+    assert REFERENCE is not None, f"reference listing {LISTING} not found in {CANDIDATES}"
     return json.loads(REFERENCE.read_text())
 
 
