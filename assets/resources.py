@@ -92,6 +92,3 @@ class DvcResource(dg.ConfigurableResource):
         if self.push:
             repo.push([stage])
         return repo.out_hash(str(out.relative_to(ws.root)))
-
-    def out_hash(self, ws: Workspace, out: Path) -> str:
-        return DvcWorkspace(ws.root).out_hash(str(out.relative_to(ws.root)))

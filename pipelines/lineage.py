@@ -7,7 +7,7 @@ or by `dvc repro`), the Dagster run id from the environment the asset launches t
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +51,6 @@ class Lineage:
         return tracking.lineage_tags(
             self.dagster_run_id, self.data_md5, self.backbone_md5, self.git_commit, tracking.config_sha(config)
         )
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 class RankZeroTracker:
