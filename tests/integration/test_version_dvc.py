@@ -44,7 +44,9 @@ def workspace(tmp_path: Path) -> DvcWorkspace:
 
 def test_commit_push_status_and_hash_change(workspace: DvcWorkspace, tmp_path: Path) -> None:
     root, remote = workspace.root, tmp_path / "remote"
-    assert (root / ".dvc" / "config").read_text().count("storage") >= 1
+    # The remote is machine-specific: it goes to the git-ignored config.local, not the tracked config.
+    assert (root / ".dvc" / "config.local").read_text().count("storage") >= 1
+    assert "storage" not in (root / ".dvc" / "config").read_text()
     assert not (root / ".git").exists()
 
     hashes = workspace.commit_stage("produce")
@@ -89,7 +91,7 @@ def test_errors_carry_dvc_stderr(workspace: DvcWorkspace) -> None:
 
 def test_reinitialising_keeps_one_default_remote(workspace: DvcWorkspace, tmp_path: Path) -> None:
     workspace.ensure_initialised(tmp_path / "other_remote")
-    config = (workspace.root / ".dvc" / "config").read_text()
+    config = (workspace.root / ".dvc" / "config.local").read_text()
     assert "other_remote" in config and config.count('remote "storage"') == 1
 
 
@@ -125,4 +127,4 @@ def test_push_to_s3_endpoint(s3_endpoint: str, workspace: DvcWorkspace) -> None:
     for md5 in hashes.values():
         assert f"dvc/files/md5/{md5[:2]}/{md5[2:]}" in keys
     assert workspace.status()["cloud"] == {}
-    assert "endpointurl" in (workspace.root / ".dvc" / "config").read_text()
+    assert "endpointurl" in (workspace.root / ".dvc" / "config.local").read_text()
