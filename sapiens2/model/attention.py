@@ -34,6 +34,9 @@ class GroupedQueryAttention(nn.Module):
     key/value heads, query head h reads key/value head ``h // (num_heads // num_kv_heads)``
     (``repeat_interleave``), the grouping the reference weights were trained with. The output
     projection is followed by the LayerScale ``gamma`` of the attention branch.
+
+    The 4K tokenizer's local blocks are plain multi-head attention: ``qk_norm=False`` and
+    ``layer_scale_init=None`` leave out the norms and ``gamma`` (and their state-dict entries).
     """
 
     def __init__(
@@ -41,8 +44,9 @@ class GroupedQueryAttention(nn.Module):
         dim: int,
         num_heads: int,
         num_kv_heads: int,
-        layer_scale_init: float = 1e-4,
+        layer_scale_init: float | None = 1e-4,
         norm_eps: float = 1e-6,
+        qk_norm: bool = True,
     ) -> None:
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:
@@ -54,10 +58,10 @@ class GroupedQueryAttention(nn.Module):
         self.wq = nn.Linear(dim, dim)
         self.wk = nn.Linear(dim, kv_dim)
         self.wv = nn.Linear(dim, kv_dim)
-        self.q_norm = RMSNorm(self.head_dim, eps=norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
-        self.gamma = LayerScale(dim, layer_scale_init)
+        self.gamma = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x: (B, N, dim); rope: (sin, cos) for the trailing patch tokens (see apply_rope)."""

@@ -30,7 +30,8 @@ class TransformerBlock(nn.Module):
     """``x + attn(ln1(x))`` then ``x + ffn(ln2(x))``.
 
     LayerScale sits on the attention branch only (inside ``attn.gamma``); the FFN branch is
-    unscaled, as in the reference.
+    unscaled, as in the reference. The 4K tokenizer reuses this block without QK-norm,
+    LayerScale or RoPE (see :class:`GroupedQueryAttention`).
     """
 
     def __init__(
@@ -39,12 +40,15 @@ class TransformerBlock(nn.Module):
         num_heads: int,
         num_kv_heads: int,
         ffn_hidden: int,
-        layer_scale_init: float = 1e-4,
+        layer_scale_init: float | None = 1e-4,
         norm_eps: float = 1e-6,
+        qk_norm: bool = True,
     ) -> None:
         super().__init__()
         self.ln1 = RMSNorm(dim, eps=norm_eps)
-        self.attn = GroupedQueryAttention(dim, num_heads, num_kv_heads, layer_scale_init, norm_eps)
+        self.attn = GroupedQueryAttention(
+            dim, num_heads, num_kv_heads, layer_scale_init, norm_eps, qk_norm
+        )
         self.ln2 = RMSNorm(dim, eps=norm_eps)
         self.ffn = SwiGLUFFN(dim, ffn_hidden)
 

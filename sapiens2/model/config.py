@@ -18,6 +18,10 @@ class BackboneConfig:
     multi-head attention; every block in between uses ``num_kv_heads`` key/value heads (GQA).
     ``grad_checkpointing`` is ``True`` (all blocks), ``False`` or a tuple of block ids whose
     activations are recomputed in the backward pass.
+
+    ``tokenizer_blocks`` > 0 selects the hierarchical 4K variant: that many local blocks run in
+    each ``window_size`` x ``window_size`` window of patch tokens, ``window_chunk`` windows at a
+    time, and each window's CLS output becomes one token of the grid the global blocks see.
     """
 
     embed_dim: int
@@ -36,6 +40,9 @@ class BackboneConfig:
     norm_eps: float = 1e-6
     output: Output = "featmap"
     grad_checkpointing: bool | tuple[int, ...] = False
+    tokenizer_blocks: int = 0
+    window_size: int = 4
+    window_chunk: int = 1024
 
     def __post_init__(self) -> None:
         if self.embed_dim % (4 * self.num_heads):
@@ -55,10 +62,20 @@ class BackboneConfig:
             raise ValueError(f"rope_dtype must be 'bf16' or 'fp32', got {self.rope_dtype!r}")
         if self.output not in ("featmap", "tokens", "cls"):
             raise ValueError(f"output must be 'featmap', 'tokens' or 'cls', got {self.output!r}")
+        if self.tokenizer_blocks < 0 or self.window_size < 1 or self.window_chunk < 1:
+            raise ValueError(
+                f"need tokenizer_blocks >= 0, window_size >= 1 and window_chunk >= 1, got "
+                f"{self.tokenizer_blocks}, {self.window_size}, {self.window_chunk}"
+            )
         height, width = self.img_size
         if height % self.patch_size or width % self.patch_size:
             raise ValueError(
                 f"img_size {self.img_size} must be divisible by patch_size {self.patch_size}"
+            )
+        if height % self.token_stride or width % self.token_stride:
+            raise ValueError(
+                f"img_size {self.img_size} must be divisible by the {self.token_stride}-px "
+                f"window of the 4K tokenizer"
             )
         if not isinstance(self.grad_checkpointing, bool):
             bad = [i for i in self.grad_checkpointing if not 0 <= i < self.depth]
@@ -81,8 +98,15 @@ class BackboneConfig:
         return 1 + self.num_storage_tokens
 
     @property
+    def token_stride(self) -> int:
+        """Pixels per side of the image area one output token stands for: the patch, or for
+        the 4K variant the pooled window of patches."""
+        return self.patch_size * (self.window_size if self.tokenizer_blocks else 1)
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
+        """Token grid of the global blocks and of the feature map."""
+        return self.img_size[0] // self.token_stride, self.img_size[1] // self.token_stride
 
     def kv_heads(self, block: int) -> int:
         """Key/value heads of block ``block``: all heads at both ends, GQA in the middle."""
@@ -100,7 +124,7 @@ def _arch(embed_dim: int, depth: int, num_heads: int, **kwargs) -> BackboneConfi
     return BackboneConfig(embed_dim, depth, num_heads, num_kv_heads=num_heads // 2, **kwargs)
 
 
-ARCHS: dict[str, BackboneConfig] = {
+_BASE: dict[str, BackboneConfig] = {
     "sapiens2_0.1b": _arch(768, 12, 12),
     "sapiens2_0.4b": _arch(1024, 24, 16),
     "sapiens2_0.8b": _arch(1280, 32, 16),
@@ -109,6 +133,24 @@ ARCHS: dict[str, BackboneConfig] = {
     # Small configs for CPU tests and the demo; same structure, GQA in the middle blocks.
     "sapiens2_tiny": _arch(128, 6, 4, full_attention_blocks=2),
     "sapiens2_debug": _arch(64, 4, 2, full_attention_blocks=1),
+}
+# Local blocks of the 4K tokenizer per size (paper); the 4K models default to 4096x3072 input.
+LOCAL_BLOCKS = {
+    "sapiens2_0.1b": 2,
+    "sapiens2_0.4b": 2,
+    "sapiens2_0.8b": 3,
+    "sapiens2_1b": 4,
+    "sapiens2_5b": 6,
+    "sapiens2_tiny": 2,
+    "sapiens2_debug": 2,
+}
+
+ARCHS: dict[str, BackboneConfig] = {
+    **_BASE,
+    **{
+        f"{name}_4k": replace(_BASE[name], tokenizer_blocks=blocks, img_size=(4096, 3072))
+        for name, blocks in LOCAL_BLOCKS.items()
+    },
 }
 
 
