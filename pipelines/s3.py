@@ -1,0 +1,113 @@
+"""S3 access for checkpoints: a retrying client and a multipart upload verified before it counts.
+
+A checkpoint is "recorded" (returned to the caller, who logs its URI) only after the object's
+size and checksums match the local file. A multipart upload is atomic on S3: the object appears
+only when the upload completes, so a failure mid-way leaves nothing under the key; boto3 aborts
+the unfinished upload. Throttling, 5xx and connection errors are retried by botocore with
+backoff (adaptive mode, also rate-limits the client); a whole upload that still fails (endpoint
+gone for longer than the retries) is restarted a few times before giving up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from boto3.exceptions import S3UploadFailedError
+
+from pipelines.services import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+RETRIES = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=5, read_timeout=60)
+
+
+class UploadVerificationError(RuntimeError):
+    """The stored object does not match the local file (it has been deleted)."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    uri: str
+    size: int
+    sha256: str
+    etag: str
+
+
+def client(settings: ServiceSettings | None = None):
+    """An S3 client for the configured endpoint (None = AWS) with retries and backoff."""
+    settings = settings or ServiceSettings.load()
+    return boto3.client(
+        "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.region,
+        aws_access_key_id=settings.access_key_id, aws_secret_access_key=settings.secret_access_key,
+        config=RETRIES,
+    )
+
+
+def file_digests(path: Path, part_size: int) -> tuple[str, str]:
+    """(sha256 hex, S3 ETag) of a file uploaded in `part_size` parts.
+
+    A multipart object's ETag is the MD5 of the parts' binary MD5s plus '-<parts>'; a
+    single-part object's is the MD5 of its bytes. Computing it locally checks every part.
+    """
+    sha, part_md5s, whole = hashlib.sha256(), [], hashlib.md5()
+    with path.open("rb") as fh:
+        while chunk := fh.read(part_size):
+            sha.update(chunk)
+            whole.update(chunk)
+            part_md5s.append(hashlib.md5(chunk).digest())
+    if len(part_md5s) <= 1:
+        return sha.hexdigest(), whole.hexdigest()
+    return sha.hexdigest(), f"{hashlib.md5(b''.join(part_md5s)).hexdigest()}-{len(part_md5s)}"
+
+
+def _verify(s3, bucket: str, key: str, size: int, sha256: str, etag: str) -> str:
+    head = s3.head_object(Bucket=bucket, Key=key)
+    problems = []
+    if head["ContentLength"] != size:
+        problems.append(f"size {head['ContentLength']} != local {size}")
+    if head.get("Metadata", {}).get("sha256") != sha256:
+        problems.append("sha256 metadata differs")
+    stored_etag = head["ETag"].strip('"')
+    if stored_etag != etag:
+        problems.append(f"ETag {stored_etag} != local {etag}")
+    if problems:
+        s3.delete_object(Bucket=bucket, Key=key)
+        raise UploadVerificationError(f"s3://{bucket}/{key}: {'; '.join(problems)}; object deleted")
+    return stored_etag
+
+
+def upload_verified(path: str | Path, key: str, settings: ServiceSettings | None = None, *,
+                    part_size: int = 8 * MIB, attempts: int = 3, s3=None) -> StoredObject:
+    """Upload `path` to `s3://<bucket>/<prefix>/<key>` in parts and verify size and checksums.
+
+    Objects at or above `part_size` go up as a multipart upload of `part_size` parts (several
+    in flight). Returns the stored object only once verified; raises otherwise.
+    """
+    settings = settings or ServiceSettings.load()
+    s3 = s3 or client(settings)
+    path, full_key = Path(path), settings.key(key)
+    size = path.stat().st_size
+    sha256, etag = file_digests(path, part_size)
+    transfer = TransferConfig(multipart_threshold=part_size, multipart_chunksize=part_size, max_concurrency=4)
+    for attempt in range(1, attempts + 1):
+        try:
+            s3.upload_file(str(path), settings.bucket, full_key, Config=transfer,
+                           ExtraArgs={"Metadata": {"sha256": sha256}})
+            break
+        except (S3UploadFailedError, BotoCoreError, ClientError) as exc:
+            if attempt == attempts:
+                raise
+            log.warning("upload of %s to s3://%s/%s failed (attempt %d/%d): %s; restarting",
+                        path.name, settings.bucket, full_key, attempt, attempts, exc)
+            time.sleep(2.0 * attempt)
+    stored_etag = _verify(s3, settings.bucket, full_key, size, sha256, etag)
+    return StoredObject(f"s3://{settings.bucket}/{full_key}", size, sha256, stored_etag)
