@@ -11,6 +11,7 @@ VERBS = {
     "validate": ("pipelines.validate", "run the great-expectations suites on a curated dataset"),
     "pretrain": ("pipelines.pretrain", "pretrain the backbone (MAE + self-distillation) under DeepSpeed"),
     "finetune": ("pipelines.finetune", "fine-tune one task head on the pretrained backbone"),
+    "import-checkpoint": ("pipelines.import_checkpoint", "check a published backbone checkpoint and save it for fine-tuning"),
     "evaluate": ("pipelines.evaluate", "evaluate the five task models on the held-out split"),
     "register": ("pipelines.register", "register the task models in MLflow with lineage tags"),
     "promote": ("pipelines.promote", "move the champion alias to a better model version"),

@@ -15,6 +15,7 @@ WRAPPER_KEYS = ("state_dict", "model", "teacher", "module")
 # Name prefixes added by wrappers (DDP, torch.compile) or by the model the backbone sits in.
 COMMON_PREFIXES = ("module.", "_orig_mod.", "model.", "teacher.", "backbone.", "encoder.")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin")
+Shape = tuple[int, ...]
 
 
 class CheckpointMismatchError(ValueError):
@@ -25,7 +26,8 @@ class CheckpointMismatchError(ValueError):
         path: Path,
         missing: list[str],
         unexpected: list[str],
-        mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]],
+        mismatched: list[tuple[str, Shape, Shape]],
+        target: str = "the model",
     ) -> None:
         self.path, self.missing, self.unexpected = path, missing, unexpected
         self.mismatched = mismatched
@@ -37,7 +39,7 @@ class CheckpointMismatchError(ValueError):
         if mismatched:
             shapes = [f"{k}: checkpoint {list(c)} vs model {list(m)}" for k, c, m in mismatched]
             parts.append(f"shape mismatches ({len(mismatched)}): {_listing(shapes)}")
-        super().__init__(f"checkpoint {path} does not match the model: " + "; ".join(parts))
+        super().__init__(f"checkpoint {path} does not match {target}: " + "; ".join(parts))
 
 
 class LoadReport(NamedTuple):
@@ -108,6 +110,21 @@ def strip_prefixes(state: dict[str, Tensor], target: set[str]) -> dict[str, Tens
     return state
 
 
+def layout_diff(
+    state: Mapping[str, Shape], own: Mapping[str, Shape]
+) -> tuple[list[str], list[str], list[tuple[str, Shape, Shape]]]:
+    """Missing names, unexpected names and (name, checkpoint shape, model shape) mismatches
+    between a checkpoint's name -> shape layout and a module's."""
+    missing = sorted(own.keys() - state.keys())
+    unexpected = sorted(state.keys() - own.keys())
+    mismatched = [
+        (k, tuple(state[k]), tuple(own[k]))
+        for k in sorted(own.keys() & state.keys())
+        if tuple(state[k]) != tuple(own[k])
+    ]
+    return missing, unexpected, mismatched
+
+
 def load_checkpoint(module: nn.Module, path: str | Path, strict: bool = True) -> LoadReport:
     """Loads a checkpoint into ``module`` in place.
 
@@ -117,13 +134,9 @@ def load_checkpoint(module: nn.Module, path: str | Path, strict: bool = True) ->
     path = Path(path)
     own = module.state_dict()
     state = strip_prefixes(read_state_dict(path), set(own))
-    missing = sorted(own.keys() - state.keys())
-    unexpected = sorted(state.keys() - own.keys())
-    mismatched = [
-        (k, tuple(state[k].shape), tuple(own[k].shape))
-        for k in sorted(own.keys() & state.keys())
-        if state[k].shape != own[k].shape
-    ]
+    missing, unexpected, mismatched = layout_diff(
+        {k: v.shape for k, v in state.items()}, {k: v.shape for k, v in own.items()}
+    )
     if mismatched or (strict and (missing or unexpected)):
         raise CheckpointMismatchError(path, missing, unexpected, mismatched)
     module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
