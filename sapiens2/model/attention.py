@@ -61,7 +61,8 @@ class GroupedQueryAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
-        self.gamma = nn.Identity() if layer_scale_init is None else LayerScale(dim, layer_scale_init)
+        scaled = layer_scale_init is not None
+        self.gamma = LayerScale(dim, layer_scale_init) if scaled else nn.Identity()
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """x: (B, N, dim); rope: (sin, cos) for the trailing patch tokens (see apply_rope)."""

@@ -55,7 +55,8 @@ def infer_arch(state: dict[str, Tensor], path: str | Path = "<state dict>") -> s
         layout = reference_layout(arch)[0]
         if layout == shapes:
             return arch
-        scores[arch] = sum(layout.get(k) == s for k, s in shapes.items()) - abs(len(layout) - len(shapes))
+        equal = sum(layout.get(k) == s for k, s in shapes.items())
+        scores[arch] = equal - abs(len(layout) - len(shapes))
     raise _arch_mismatch(Path(path), max(scores, key=scores.get), shapes)
 
 

@@ -1,4 +1,4 @@
-"""Hierarchical 4K tokenizer: local blocks inside windows of patch tokens, pooled by a window CLS."""
+"""Hierarchical 4K tokenizer: local blocks inside windows of patch tokens, pooled by window CLS."""
 
 from __future__ import annotations
 
