@@ -8,7 +8,7 @@ bad value fails on construction, before any work starts, with the file and the d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -17,6 +17,9 @@ from sapiens2.curation.config import CurationConfig
 from sapiens2.model.config import ARCHS
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.train.config import CheckpointSection, DeepSpeedSection, OptimSection
+
+if TYPE_CHECKING:
+    from sapiens2.tasks import Task
 
 TASK_NAMES = ("pose", "seg", "normal", "pointmap", "albedo")
 
@@ -82,8 +85,27 @@ class FinetuneConfig(_TrainingSection):
     task_steps: dict[str, int] = Field(
         default_factory=dict, description="per-task step counts overriding `steps` (heatmap pose needs more)"
     )
+    task_settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-task settings, e.g. {pose: {sigma: 3.0}} (task dataclass fields)"
+    )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     optim: OptimSection = OptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+
+    @field_validator("task_settings")
+    @classmethod
+    def _valid_settings(cls, task_settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from sapiens2.tasks import get_task  # torch-heavy: only when settings are given
+
+        for name, settings in task_settings.items():
+            get_task(name, **settings)  # unknown task, unknown field or bad value raise here
+        return task_settings
+
+    def task(self, name: str) -> Task:
+        """Task `name` with its configured settings: the one object training, evaluation and
+        serving share, so a heatmap sigma cannot differ between them."""
+        from sapiens2.tasks import get_task
+
+        return get_task(name, **self.task_settings.get(name, {}))
 
     @field_validator("task_steps")
     @classmethod

@@ -56,7 +56,10 @@ def split_id(data: CuratedDataset, data_md5: str) -> str:
 
 
 def _task(name: str, config: PlatformConfig) -> Task:
-    return get_task(name, flip_test=config.evaluate.flip_test) if name == "pose" else get_task(name)
+    settings = dict(config.finetune.task_settings.get(name, {}))
+    if name == "pose":
+        settings["flip_test"] = config.evaluate.flip_test
+    return get_task(name, **settings)
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from pipelines.plots import loss_curves_png
 from pipelines.pretrain import step_generator
 from sapiens2.data.dataset import CuratedDataset, collate
 from sapiens2.model import build_backbone, load_checkpoint, save_checkpoint
-from sapiens2.tasks import TASK_NAMES, TaskModel, build_task_model, get_task
+from sapiens2.tasks import TASK_NAMES, TaskModel, build_task_model
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
 from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
 from sapiens2.train.lr_decay import layerwise_param_groups
@@ -60,7 +60,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     rank, world_size = init_distributed()
     cfg, ds = config.finetune, config.finetune.deepspeed
     steps = cfg.steps_for(task_name)
-    task = get_task(task_name)
+    task = config.finetune.task(task_name)
     height, width = config.image_size
     data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed)
     model = initial_model(config, task_name, backbone_path)
@@ -109,6 +109,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
             spec = {
                 "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
                 "backbone_init": str(backbone_path), "steps": steps, "seed": cfg.seed,
+                "task_settings": cfg.task_settings.get(task_name, {}),
                 "final_loss": history["loss"][-1],
                 "steps_per_second": (steps - start) / seconds if seconds > 0 else 0.0,
             }

@@ -31,11 +31,13 @@ def load_task_model(model_dir: Path) -> tuple[TaskModel, dict]:
     return model.eval(), spec
 
 
-def predict_images(model: TaskModel, task_name: str, images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Run `model` on uint8 images (N, H, W, 3) and stack the task's decoded outputs."""
+def predict_images(model: TaskModel, task_name: str, images: np.ndarray, size: tuple[int, int],
+                   task_settings: dict | None = None) -> np.ndarray:
+    """Run `model` on uint8 images (N, H, W, 3) and stack the task's decoded outputs; `task_settings`
+    are those the model was fine-tuned with (its model.json), e.g. the heatmap sigma."""
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {images.shape}")
-    task = get_task(task_name)
+    task = get_task(task_name, **(task_settings or {}))
     pixels = torch.from_numpy(np.ascontiguousarray(images))
     height, width = images.shape[1:3]
     if (height, width) != tuple(size):
@@ -56,4 +58,5 @@ class TaskPyfunc(mlflow.pyfunc.PythonModel):
         self.model, self.spec = load_task_model(Path(context.artifacts["model_dir"]))
 
     def predict(self, context: Any, model_input: np.ndarray, params: dict | None = None) -> np.ndarray:
-        return predict_images(self.model, self.spec["task"], np.asarray(model_input), tuple(self.spec["image_size"]))
+        return predict_images(self.model, self.spec["task"], np.asarray(model_input), tuple(self.spec["image_size"]),
+                              self.spec.get("task_settings"))

@@ -55,3 +55,11 @@ def test_overrides_are_applied_and_typed() -> None:
     assert isinstance(config, PlatformConfig)
     assert config.pretrain.deepspeed.zero_stage == 3
     assert config.finetune.init_checkpoint == "/x.safetensors"
+
+
+def test_task_settings_reach_the_task_and_unknown_ones_are_named() -> None:
+    config = load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigma": 2.5})
+    assert config.finetune.task("pose").sigma == 2.5
+    assert config.finetune.task("seg").name == "seg"
+    with pytest.raises(ValueError, match=r"finetune\.task_settings.*sigmaa"):
+        load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigmaa": 3.0})
