@@ -40,3 +40,14 @@ mlflow-ui: install
 
 clean:
 	rm -rf data models reports mlflow.db mlartifacts .dvc-storage .dvc/cache .dvc/tmp $(DAGSTER_HOME) dvc.lock
+
+# The local production-like stack on 127.0.0.1 (infra/README.md): S3 (moto), MLflow server, Dagster.
+.PHONY: stack-up stack-down stack-status
+stack-up: install $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/python -m infra.stack up
+
+stack-down:
+	$(BIN)/python -m infra.stack down
+
+stack-status:
+	$(BIN)/python -m infra.stack status

@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr
 
 from pipelines.config import PlatformConfig, load_config
 from pipelines.launch import save_resolved
+from pipelines.services import ServiceSettings
 from pipelines.version import DvcWorkspace
 from pipelines.workspace import Workspace
 from sapiens2.model.config import ARCHS
@@ -81,8 +82,11 @@ class DvcResource(dg.ConfigurableResource):
     push: bool = True
 
     def repo(self, ws: Workspace) -> DvcWorkspace:
+        remote = self.remote_url or ws.dvc_remote
+        # An S3 remote on MinIO/moto needs its endpoint; on AWS it is None and DVC uses AWS's.
+        endpoint = ServiceSettings.load().s3_endpoint_url if remote.startswith("s3://") else None
         repo = DvcWorkspace(ws.root)
-        repo.ensure_initialised(self.remote_url or ws.dvc_remote)
+        repo.ensure_initialised(remote, endpoint_url=endpoint)
         return repo
 
     def commit(self, ws: Workspace, stage: str, out: Path) -> str:

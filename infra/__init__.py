@@ -1,0 +1,1 @@
+"""Service configuration and the local stack (`python -m infra.stack`)."""
