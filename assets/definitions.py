@@ -4,7 +4,8 @@
 import dagster as dg
 
 from assets.curation import curated_dataset, curated_expectations, raw_pool, versioned_dataset
-from assets.registry import champion_models, evaluation_report, every_task_beats_baseline, registered_models
+from assets.registry import (champion_models, evaluation_report, every_task_beats_baseline, registered_models,
+                             rollback_job)
 from assets.resources import DvcResource, PlatformResource
 from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone
 
@@ -22,13 +23,13 @@ end_to_end = dg.define_asset_job(
 )
 promote_job = dg.define_asset_job(
     "promote", selection=dg.AssetSelection.assets(champion_models),
-    description="Move each task's champion alias to its newest version if that version beats the champion.",
+    description="Copy each task's newest version into its production model as champion if it beats the champion there.",
 )
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
     asset_checks=ALL_CHECKS,
-    jobs=[end_to_end, promote_job],
+    jobs=[end_to_end, promote_job, rollback_job],
     executor=executor,
     resources={
         "platform": PlatformResource(),

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 
 from pipelines import tracking
 from pipelines.config import TASK_NAMES, load_config
+from pipelines.promote import Production
 from pipelines.workspace import PROJECT_ROOT, Workspace
 
 
@@ -39,8 +40,9 @@ def champions(ws: Workspace) -> list[tuple[str, str]]:
     prefix = load_config(ws.params_file).registry.model_prefix
     out = []
     for task in TASK_NAMES:
-        name = f"{prefix}-{task}"
-        version = client.get_model_version_by_alias(name, "champion").version
+        production = Production.for_model(f"{prefix}-{task}", client)
+        name = production.name
+        version = production.client.get_model_version_by_alias(name, "champion").version
         out.append((f"models:/{name}@champion", f"version {version}"))
     return out
 

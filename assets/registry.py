@@ -1,4 +1,5 @@
-"""Evaluation and registry groups: held-out evaluation, the baseline gate, MLflow registration, promotion."""
+"""Evaluation and registry groups: held-out evaluation, the baseline gate, MLflow registration,
+promotion into the production registry, and the rollback job."""
 
 
 import json
@@ -16,8 +17,9 @@ from pipelines import tracking
 from pipelines.config import TASK_NAMES
 from pipelines.evaluate import evaluate
 from pipelines.lineage import Lineage, dvc_hash
-from pipelines.promote import promote
+from pipelines.promote import Production, Request, promote
 from pipelines.register import register_all
+from pipelines.rollback import rollback
 
 
 @dg.asset(group_name="evaluation", deps=finetuned_models, kinds={"pytorch", "mlflow", "dvc"})
@@ -59,21 +61,64 @@ def registered_models(context: dg.AssetExecutionContext, platform: PlatformResou
 
 class PromoteConfig(dg.Config):
     reason: str = Field(default="end-to-end run", description="why this promotion was requested (recorded on the version)")
+    requested_by: str = Field(default="", description="who asked for it (recorded); empty = the OS user running the step")
+
+
+def _request(config: "PromoteConfig | RollbackConfig", context: dg.OpExecutionContext, evaluation_run: str = "") -> Request:
+    who = {"requested_by": config.requested_by} if config.requested_by else {}
+    return Request(reason=config.reason, evaluation_run=evaluation_run, dagster_run_id=context.run_id, **who)
+
+
+def _dev_client(platform: PlatformResource) -> mlflow.MlflowClient:
+    uri = tracking.tracking_uri_for(platform.ws.root)
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 @dg.asset(group_name="registry", deps=[registered_models], retry_policy=TRANSIENT, kinds={"mlflow"})
 def champion_models(context: dg.AssetExecutionContext, config: PromoteConfig, platform: PlatformResource) -> dg.MaterializeResult:
-    """Moves each task's `champion` alias to the newest version only if it beats the champion on the same split."""
+    """Copies each task's newest version into `<name>-production` as `champion` only if it beats that champion on the same split."""
     ws, cfg = platform.ws, platform.config
-    uri = tracking.tracking_uri_for(ws.root)
-    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client = _dev_client(platform)
     report = json.loads((ws.eval_dir / "metrics.json").read_text())
+    request = _request(config, context, evaluation_run=report.get("mlflow_run_id", ""))
     rows = []
     for task in report["tasks"]:
         name = cfg.model_name(task["task"])
         latest = max(client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
+        production = Production.for_model(name, client)
         decision = promote(name, latest.version, task["primary_metric"], task["higher_is_better"], report["split_id"],
-                           reason_prefix=f"[{config.reason}; dagster run {context.run_id}] ", client=client)
-        rows.append({"model": name, "version": latest.version, "promoted": decision.promoted, "reason": decision.reason})
+                           reason_prefix=f"[{config.reason}; dagster run {context.run_id}] ", client=client,
+                           production=production, request=request)
+        rows.append({"model": name, "version": latest.version, "promoted": decision.promoted,
+                     "production": f"{production.name} v{decision.production_version}" if decision.promoted else "",
+                     "reason": decision.reason})
         context.log.info(f"{name} v{latest.version}: {'promoted' if decision.promoted else 'refused'}: {decision.reason}")
     return dg.MaterializeResult(metadata={"decisions": metadata.table(pd.DataFrame(rows))})
+
+
+class RollbackConfig(dg.Config):
+    reason: str = Field(description="why the production champion is rolled back (recorded on both versions)")
+    tasks: list[str] = Field(default=list(TASK_NAMES), description=f"tasks to roll back, some of {list(TASK_NAMES)}")
+    requested_by: str = Field(default="", description="who asked for it (recorded); empty = the OS user running the step")
+
+
+@dg.op(out=dg.Out(dg.Nothing))
+def rollback_champions(context: dg.OpExecutionContext, config: RollbackConfig, platform: PlatformResource) -> None:
+    """Make each task's production `previous` its `champion` again; fails naming a task that has no previous."""
+    unknown = sorted(set(config.tasks) - set(TASK_NAMES))
+    if unknown:
+        raise dg.Failure(f"unknown tasks {unknown}; expected some of {list(TASK_NAMES)}")
+    client = _dev_client(platform)
+    rows = []
+    for task in config.tasks:
+        name = platform.config.model_name(task)
+        result = rollback(Production.for_model(name, client), _request(config, context), dev_client=client)
+        rows.append({"model": result.model, "champion": result.restored_version, "demoted": result.demoted_version,
+                     "previous": result.previous_version or "none"})
+        context.log.info(f"{result.model}: champion v{result.demoted_version} -> v{result.restored_version}")
+    context.add_output_metadata({"rollbacks": metadata.table(pd.DataFrame(rows))})
+
+
+@dg.job(name="rollback", description="Restore each task's previous production champion; the reason is recorded on the versions.")
+def rollback_job():
+    rollback_champions()

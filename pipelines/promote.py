@@ -1,28 +1,73 @@
-"""Gated promotion of a registered model version to the `champion` alias.
+"""Gated promotion of a model version to the `champion` alias, in place or into production.
 
 A challenger replaces the champion only when both were evaluated on the same split and the
 challenger is strictly better on the chosen metric. Metrics are read from the version tags
 written at registration (`eval.<metric>`, `eval.split_id`), so the gate does not depend on run
 retention. Every decision is written back to the challenger as `promotion.*` tags.
+
+With a `Production` target the gated development version is copied into the production
+registered model (`<name>-production`, or the same name in a separate registry given by
+`$SAPIENS2_PRODUCTION_REGISTRY_URI`) and `champion` moves there; the replaced champion stays
+reachable as `previous`. The copy records who, when, why, from which version and evaluation
+run. Judging and moving the aliases happen under the target model's registry lock, so two
+racing promotions are serialised: each judges against the champion the other left.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import math
+import os
 import sys
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
+from pipelines.registry_lock import registry_lock
 from pipelines.tracking import tracking_uri_for
 from pipelines.workspace import Workspace
 
 CHAMPION = "champion"
 PREVIOUS = "previous"
 SPLIT_TAG = "eval.split_id"
+PRODUCTION_SUFFIX = "-production"
+DEMOTED_TAG = "rollback.demoted"
+
+
+@dataclass(frozen=True)
+class Production:
+    """Where gated versions go: a registered model, in the development or a separate registry."""
+
+    name: str
+    client: MlflowClient
+
+    @classmethod
+    def for_model(cls, dev_name: str, dev_client: MlflowClient) -> Production:
+        uri = os.environ.get("SAPIENS2_PRODUCTION_REGISTRY_URI")
+        if uri:
+            return cls(dev_name, MlflowClient(tracking_uri=uri, registry_uri=uri))
+        return cls(f"{dev_name}{PRODUCTION_SUFFIX}", dev_client)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Who asked for a promotion or rollback, why, and from which evaluation and Dagster run."""
+
+    reason: str
+    requested_by: str = field(default_factory=getpass.getuser)
+    evaluation_run: str = ""
+    dagster_run_id: str = ""
+
+    def tags(self, prefix: str) -> dict[str, str]:
+        return {f"{prefix}.by": self.requested_by, f"{prefix}.at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                f"{prefix}.reason": self.reason, f"{prefix}.evaluation_run": self.evaluation_run or "none",
+                f"{prefix}.dagster_run_id": self.dagster_run_id or "none"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +80,7 @@ class PromotionDecision:
     challenger_value: float | None
     champion_version: str | None
     champion_value: float | None
+    production_version: str | None = None
 
 
 def _metric(mv: ModelVersion, metric_name: str) -> float | None:
@@ -47,14 +93,21 @@ def _metric(mv: ModelVersion, metric_name: str) -> float | None:
 
 
 def _champion(client: MlflowClient, model_name: str) -> ModelVersion | None:
-    version = client.get_registered_model(model_name).aliases.get(CHAMPION)
+    found = client.search_registered_models(filter_string=f"name = '{model_name}'")
+    version = found[0].aliases.get(CHAMPION) if found else None
     return client.get_model_version(model_name, str(version)) if version is not None else None
+
+
+def source_uri(mv: ModelVersion) -> str:
+    return f"models:/{mv.name}/{mv.version}"
 
 
 def _judge(challenger: ModelVersion, champion: ModelVersion | None, metric_name: str,
            higher_is_better: bool, split_id: str) -> tuple[bool, str]:
     value = _metric(challenger, metric_name)
     chal_split = challenger.tags.get(SPLIT_TAG)
+    if challenger.tags.get(DEMOTED_TAG):
+        return False, f"challenger v{challenger.version} was rolled back from production: {challenger.tags[DEMOTED_TAG]}"
     if value is None:
         return False, f"challenger v{challenger.version} has no numeric eval.{metric_name} tag"
     if chal_split != split_id:
@@ -62,7 +115,8 @@ def _judge(challenger: ModelVersion, champion: ModelVersion | None, metric_name:
                        f"not the promotion split {split_id!r}")
     if champion is None:
         return True, f"no champion yet; challenger v{challenger.version} {metric_name}={value:.6g}"
-    if str(champion.version) == str(challenger.version):
+    if str(champion.version) == str(challenger.version) and champion.name == challenger.name \
+            or champion.tags.get("promotion.source") == source_uri(challenger):
         return False, f"v{challenger.version} is already the champion"
     champ_value, champ_split = _metric(champion, metric_name), champion.tags.get(SPLIT_TAG)
     if champ_split != split_id:
@@ -78,31 +132,59 @@ def _judge(challenger: ModelVersion, champion: ModelVersion | None, metric_name:
                     f" ({'higher' if higher_is_better else 'lower'} is better)")
 
 
+def _copy(challenger: ModelVersion, client: MlflowClient, production: Production) -> ModelVersion:
+    """The challenger as a new version of the production model (same artifacts, same tags)."""
+    if production.client is client or production.client.tracking_uri == client.tracking_uri:
+        return client.copy_model_version(source_uri(challenger), production.name)
+    try:
+        production.client.create_registered_model(production.name)
+    except MlflowException as exc:
+        if exc.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+    source = client.get_model_version_download_uri(challenger.name, challenger.version)
+    return production.client.create_model_version(production.name, source, tags=challenger.tags,
+                                                  description=challenger.description)
+
+
 def promote(model_name: str, version: str | int, metric_name: str, higher_is_better: bool,
-            split_id: str, reason_prefix: str = "",
-            client: MlflowClient | None = None) -> PromotionDecision:
+            split_id: str, reason_prefix: str = "", client: MlflowClient | None = None, *,
+            production: Production | None = None, request: Request | None = None) -> PromotionDecision:
     """Compare version `version` of `model_name` with the `champion` and promote if better.
 
-    On promotion the old champion (if any) becomes `previous`. The decision is recorded on the
-    challenger as tags `promotion.decision` (promoted/refused), `promotion.reason` and
-    `promotion.compared_to` (champion version or 'none').
+    The champion is read from `production` when given (the challenger is copied there on
+    promotion), else from `model_name` itself. On promotion the old champion (if any) becomes
+    `previous`. The decision is recorded on the challenger as tags `promotion.decision`
+    (promoted/refused), `promotion.reason` and `promotion.compared_to` (champion version or
+    'none'); a production copy also gets `request`'s who/when/why tags, `promotion.source` and
+    `promotion.replaced`.
     """
     client = client or MlflowClient()
-    challenger = client.get_model_version(model_name, str(version))
-    champion = _champion(client, model_name)
-    promoted, reason = _judge(challenger, champion, metric_name, higher_is_better, split_id)
-    reason = f"{reason_prefix}{reason}"
-    if promoted:
-        if champion is not None:
-            client.set_registered_model_alias(model_name, PREVIOUS, str(champion.version))
-        client.set_registered_model_alias(model_name, CHAMPION, str(challenger.version))
-    tags = {
-        "promotion.decision": "promoted" if promoted else "refused",
-        "promotion.reason": reason,
-        "promotion.compared_to": str(champion.version) if champion is not None else "none",
-    }
-    for key, value in tags.items():
-        client.set_model_version_tag(model_name, str(challenger.version), key, value)
+    target_client, target = (production.client, production.name) if production else (client, model_name)
+    request = request or Request(reason=reason_prefix.strip() or "unspecified")
+    with registry_lock(target_client, target, holder=f"{request.requested_by} {request.dagster_run_id}".strip()):
+        challenger = client.get_model_version(model_name, str(version))
+        champion = _champion(target_client, target)
+        promoted, reason = _judge(challenger, champion, metric_name, higher_is_better, split_id)
+        reason = f"{reason_prefix}{reason}"
+        new_champion = challenger
+        if promoted:
+            if production is not None:
+                new_champion = _copy(challenger, client, production)
+                copy_tags = {**request.tags("promotion"), "promotion.source": source_uri(challenger),
+                             "promotion.replaced": str(champion.version) if champion is not None else "none",
+                             "promotion.gate": reason}
+                for key, value in copy_tags.items():
+                    target_client.set_model_version_tag(target, str(new_champion.version), key, value)
+            if champion is not None:
+                target_client.set_registered_model_alias(target, PREVIOUS, str(champion.version))
+            target_client.set_registered_model_alias(target, CHAMPION, str(new_champion.version))
+        tags = {
+            "promotion.decision": "promoted" if promoted else "refused",
+            "promotion.reason": reason,
+            "promotion.compared_to": str(champion.version) if champion is not None else "none",
+        }
+        for key, value in tags.items():
+            client.set_model_version_tag(model_name, str(challenger.version), key, value)
     return PromotionDecision(
         promoted=promoted,
         reason=reason,
@@ -110,6 +192,7 @@ def promote(model_name: str, version: str | int, metric_name: str, higher_is_bet
         challenger_value=_metric(challenger, metric_name),
         champion_version=str(champion.version) if champion is not None else None,
         champion_value=_metric(champion, metric_name) if champion is not None else None,
+        production_version=str(new_champion.version) if promoted and production is not None else None,
     )
 
 
@@ -124,10 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lower-is-better", action="store_true")
     parser.add_argument("--reason-prefix", default="")
     parser.add_argument("--tracking-uri", default=None, help="default: the workspace's store")
+    parser.add_argument("--production", action="store_true",
+                        help=f"copy into <model>{PRODUCTION_SUFFIX} (or $SAPIENS2_PRODUCTION_REGISTRY_URI) and move champion there")
+    parser.add_argument("--reason", default="", help="why (recorded on the production version)")
+    parser.add_argument("--evaluation-run", default="", help="MLflow run id of the evaluation behind the decision")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or tracking_uri_for(Workspace.from_env().root)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    production = Production.for_model(args.model, client) if args.production else None
+    request = Request(reason=args.reason or args.reason_prefix.strip() or "manual promotion", evaluation_run=args.evaluation_run)
     decision = promote(args.model, args.version, args.metric, not args.lower_is_better, args.split_id,
-                       args.reason_prefix, client=MlflowClient(tracking_uri=uri, registry_uri=uri))
+                       args.reason_prefix, client=client, production=production, request=request)
     print(json.dumps(asdict(decision), indent=2))
     return 0
 

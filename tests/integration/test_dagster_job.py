@@ -26,7 +26,7 @@ def test_definitions_load_with_grouped_assets_and_jobs() -> None:
               ((s.key, s) for a in ALL_ASSETS for s in a.specs)}
     assert set(groups.values()) == {"curation", "pretraining", "finetuning", "evaluation", "registry"}
     assert sum(1 for g in groups.values() if g == "finetuning") == 5
-    assert defs.resolve_job_def("end_to_end") and defs.resolve_job_def("promote")
+    assert defs.resolve_job_def("end_to_end") and defs.resolve_job_def("promote") and defs.resolve_job_def("rollback")
 
 
 def test_invalid_run_config_fails_before_any_asset_runs(small_workspace: Path) -> None:
@@ -70,7 +70,8 @@ def test_end_to_end_job_materialises_everything(small_workspace: Path) -> None:
     uri = tracking.tracking_uri_for(small_workspace)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     for task in TASK_NAMES:
-        champion = client.get_model_version_by_alias(f"sapiens2-{task}", "champion")
+        champion = client.get_model_version_by_alias(f"sapiens2-{task}-production", "champion")
+        assert champion.tags["promotion.source"].startswith(f"models:/sapiens2-{task}/")
         assert champion.tags["dvc.data_md5"].endswith(".dir")
         assert champion.tags["eval.split_id"] == report["split_id"]
     status = DvcWorkspace(small_workspace).status()
