@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from sapiens2.data.augment import Augment, hflip_sample  # noqa: F401 (re-exported)
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.pose import COCO_FLIP_PAIRS
@@ -65,9 +66,9 @@ def validate_labels(
                 "seg",
                 f"has class ids {bad.tolist()} outside 0..{num_classes - 1} (or {IGNORE_INDEX})",
             )
-    if labels["K"].shape != (3, 3):
+    if "K" in labels and labels["K"].shape != (3, 3):
         fail("K", f"has shape {labels['K'].shape}, expected (3, 3)")
-    if labels["bbox"].shape != (4,):
+    if "bbox" in labels and labels["bbox"].shape != (4,):
         fail("bbox", f"has shape {labels['bbox'].shape}, expected (4,)")
 
 
@@ -90,52 +91,51 @@ def resize_sample(sample: dict[str, Any], height: int, width: int) -> dict[str, 
             out[field] = resized.astype(dtype)
     if "keypoints" in sample:
         out["keypoints"] = sample["keypoints"] * np.array([sx, sy, 1], np.float32)
-    out["K"] = np.diag([sx, sy, 1]).astype(np.float32) @ sample["K"]
-    out["bbox"] = sample["bbox"] * np.array([sx, sy, sx, sy], np.float32)
+    if "K" in sample:
+        out["K"] = np.diag([sx, sy, 1]).astype(np.float32) @ sample["K"]
+    if "bbox" in sample:
+        out["bbox"] = sample["bbox"] * np.array([sx, sy, sx, sy], np.float32)
     return out
 
 
-def hflip_sample(
-    sample: dict[str, Any], flip_pairs: Sequence[tuple[int, int]], seg_flip: Sequence[int]
+def load_curated_sample(
+    root: Path,
+    sample_id: str,
+    image_file: str,
+    fields: Sequence[str] | None,
+    num_keypoints: int,
+    num_classes: int,
 ) -> dict[str, Any]:
-    """Mirror a sample left-right, keeping every label consistent with the mirrored image.
+    """One curated image (RGB) and its validated labels at their stored size.
 
-    x -> W - x (pixel centres at column + 0.5), left/right keypoints and part classes swap,
-    normals and pointmaps negate X (the scene mirrored about the camera's X = 0 plane), and
-    the principal point mirrors, cx -> W - cx, so K still projects the pointmap onto the image.
+    fields=None reads every array of the label file; otherwise each named field must be there.
     """
-    width = sample["image"].shape[1]
-    out = {
-        k: (np.ascontiguousarray(v[:, ::-1]) if k in MAP_CHANNELS or k == "image" else v)
-        for k, v in sample.items()
-    }
-    if "keypoints" in sample:
-        kpts = sample["keypoints"].copy()
-        kpts[:, 0] = width - kpts[:, 0]
-        for left, right in flip_pairs:
-            kpts[[left, right]] = kpts[[right, left]]
-        out["keypoints"] = kpts
-    if "seg" in sample:
-        lut = np.arange(256, dtype=np.uint8)
-        lut[: len(seg_flip)] = seg_flip
-        out["seg"] = lut[out["seg"]]
-    for field in ("normal", "pointmap"):
-        if field in sample:
-            out[field] = out[field].copy()
-            out[field][..., 0] = -out[field][..., 0]
-    out["K"] = sample["K"].copy()
-    out["K"][0, 2] = width - sample["K"][0, 2]
-    x0, y0, x1, y1 = sample["bbox"]
-    out["bbox"] = np.array([width - x1, y0, width - x0, y1], np.float32)
-    return out
+    image_path = root / "images" / image_file
+    bgr = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise ValueError(f"{image_path}: unreadable image")
+    label_path = root / "labels" / f"{sample_id}.npz"
+    if not label_path.is_file():
+        raise ValueError(f"{label_path}: missing label file for image {image_file}")
+    with np.load(label_path) as npz:
+        wanted = list(npz.files if fields is None else fields)
+        absent = [f for f in wanted if f not in npz.files]
+        if absent:
+            raise ValueError(f"{label_path}: missing field(s) {absent}")
+        labels = {f: npz[f] for f in wanted}
+    height, width = bgr.shape[:2]
+    validate_labels(labels, height, width, num_keypoints, num_classes, str(label_path))
+    return {"id": sample_id, "image": cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), **labels}
 
 
 class CuratedDataset(Dataset):
     """Kept images of one split with the labels of the requested tasks.
 
-    hflip_prob defaults to 0.5 for the "train" split and 0 otherwise. Flip decisions depend only
-    on (seed, epoch, index), so runs and resumed runs see the same augmentation; call
-    `set_epoch` each epoch.
+    hflip_prob defaults to 0.5 for the "train" split and 0 otherwise. `augment` replaces that
+    flip-only default with a full recipe (`sapiens2.data.augment.Augment`: flip, scale/crop,
+    rotation, photometric); give one or the other. Augmentation depends only on
+    (seed, epoch, index), so runs and resumed runs see the same samples; call `set_epoch` each
+    epoch.
     """
 
     def __init__(
@@ -150,6 +150,7 @@ class CuratedDataset(Dataset):
         seg_flip: Sequence[int] = SEG_FLIP,
         num_keypoints: int = 17,
         seed: int = 0,
+        augment: Augment | None = None,
     ) -> None:
         unknown = set(tasks) - set(TASK_NAMES)
         if unknown:
@@ -171,8 +172,17 @@ class CuratedDataset(Dataset):
         self.image_files = [files[i] for i in self.ids]
         self.height, self.width = height, width
         self.fields = COMMON_FIELDS + tuple(f for t in tasks for f in TASK_FIELDS[t])
-        self.hflip_prob = (0.5 if split == "train" else 0.0) if hflip_prob is None else hflip_prob
-        self.flip_pairs, self.seg_flip = tuple(flip_pairs), tuple(seg_flip)
+        if augment is not None and hflip_prob is not None:
+            raise ValueError("give CuratedDataset either hflip_prob or augment, not both")
+        if augment is None:
+            default_prob = 0.5 if split == "train" else 0.0
+            augment = Augment(
+                hflip_prob=default_prob if hflip_prob is None else hflip_prob,
+                flip_pairs=tuple(flip_pairs),
+                seg_flip=tuple(seg_flip),
+            )
+        self.augment, self.hflip_prob = augment, augment.hflip_prob
+        self.flip_pairs, self.seg_flip = augment.flip_pairs, augment.seg_flip
         self.num_keypoints, self.num_classes = num_keypoints, len(seg_flip)
         self.seed, self.epoch = seed, 0
 
@@ -183,27 +193,13 @@ class CuratedDataset(Dataset):
         return len(self.ids)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        image_path = self.root / "images" / self.image_files[index]
-        bgr = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
-        if bgr is None:
-            raise ValueError(f"{image_path}: unreadable image")
-        label_path = self.root / "labels" / f"{self.ids[index]}.npz"
-        with np.load(label_path) as npz:
-            absent = [f for f in self.fields if f not in npz.files]
-            if absent:
-                raise ValueError(f"{label_path}: missing field(s) {absent}")
-            labels = {f: npz[f] for f in self.fields}
-        height, width = bgr.shape[:2]
-        validate_labels(
-            labels, height, width, self.num_keypoints, self.num_classes, str(label_path)
+        sample = load_curated_sample(
+            self.root, self.ids[index], self.image_files[index], self.fields,
+            self.num_keypoints, self.num_classes,
         )
-        sample = {"id": self.ids[index], "image": cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), **labels}
-        if (height, width) != (self.height, self.width):
+        if sample["image"].shape[:2] != (self.height, self.width):
             sample = resize_sample(sample, self.height, self.width)
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        if self.hflip_prob > 0 and rng.random() < self.hflip_prob:
-            sample = hflip_sample(sample, self.flip_pairs, self.seg_flip)
-        return sample
+        return self.augment(sample, np.random.default_rng([self.seed, self.epoch, index]))
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
