@@ -1,0 +1,193 @@
+"""The cluster configuration in infra/k8s and infra/deepspeed parses and is consistent: generated
+files are current, every image is the declared one, every Secret/ConfigMap/key/volume a pod or
+the Dagster Helm values reference exists, and the training Job's node layout matches its recipe."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import deepspeed_configs
+from pipelines.config import load_config
+from pipelines.workspace import PROJECT_ROOT
+from sapiens2.train.engine import build_deepspeed_config
+
+K8S = PROJECT_ROOT / "infra" / "k8s"
+
+
+@pytest.fixture(scope="module")
+def kustomization() -> dict:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def objects(kustomization: dict) -> list[dict]:
+    return [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((K8S / name).read_text()) if doc]
+
+
+@pytest.fixture(scope="module")
+def image(kustomization: dict) -> str:
+    (entry,) = kustomization["images"]
+    assert entry["newTag"] not in ("", "latest")
+    return f"{entry['name']}:{entry['newTag']}"
+
+
+def _defined(objects: list[dict], kind: str) -> dict[str, set[str]]:
+    out = {}
+    for obj in objects:
+        if obj["kind"] == kind:
+            out[obj["metadata"]["name"]] = set(obj.get("data", {})) | set(obj.get("stringData", {}))
+    return out
+
+
+def _pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] in ("Deployment", "Job")]
+
+
+def test_generated_deepspeed_configs_are_current() -> None:
+    for path, text in deepspeed_configs.render().items():
+        assert path.read_text() == text, f"{path} is stale: run `python -m infra.deepspeed_configs`"
+    on_disk = {p.name for p in deepspeed_configs.CONFIG_DIR.iterdir()}
+    assert on_disk == {f"{arch}.{ext}" for arch in deepspeed_configs.RECIPES for ext in ("json", "yaml")}
+    for arch in deepspeed_configs.RECIPES:
+        config = load_config(deepspeed_configs.CONFIG_DIR / f"{arch}.yaml")
+        assert config.pretrain.arch == arch
+        ds_json = json.loads((deepspeed_configs.CONFIG_DIR / f"{arch}.json").read_text())
+        assert ds_json == build_deepspeed_config(config.pretrain.deepspeed, config.pretrain.optim)
+        assert ds_json["train_batch_size"] == 4096
+        assert ds_json["zero_optimization"]["stage"] == deepspeed_configs.RECIPES[arch].zero_stage
+
+
+def test_every_manifest_is_listed_and_parses(kustomization: dict, objects: list[dict]) -> None:
+    listed = set(kustomization["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "dagster-values.yaml"}
+    assert listed == present
+    assert all({"apiVersion", "kind", "metadata"} <= set(o) for o in objects)
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names))
+
+
+def test_pods_reference_only_defined_images_secrets_configmaps_and_volumes(objects: list[dict], image: str) -> None:
+    secrets, configmaps = _defined(objects, "Secret"), _defined(objects, "ConfigMap")
+    claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    checked = 0
+    for owner, spec in _pod_specs(objects):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for vol in volumes.values():
+            if "configMap" in vol:
+                assert vol["configMap"]["name"] in configmaps, (owner, vol)
+            if "secret" in vol:
+                assert vol["secret"]["secretName"] in secrets, (owner, vol)
+            if "persistentVolumeClaim" in vol:
+                assert vol["persistentVolumeClaim"]["claimName"] in claims, (owner, vol)
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            assert container["image"] == image, (owner, container["name"])
+            for source in container.get("envFrom", []):
+                if "secretRef" in source:
+                    assert source["secretRef"]["name"] in secrets, (owner, source)
+                if "configMapRef" in source:
+                    assert source["configMapRef"]["name"] in configmaps, (owner, source)
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {})
+                if "secretKeyRef" in ref:
+                    assert ref["secretKeyRef"]["key"] in secrets[ref["secretKeyRef"]["name"]], (owner, env)
+                if "configMapKeyRef" in ref:
+                    assert ref["configMapKeyRef"]["key"] in configmaps[ref["configMapKeyRef"]["name"]], (owner, env)
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in volumes, (owner, mount)
+            checked += 1
+    assert checked == 3  # mlflow, the training init container and trainer
+    assert all(v == "" for keys in secrets for v in _secret_values(objects, keys)), "secret values are committed"
+
+
+def _secret_values(objects: list[dict], name: str) -> list[str]:
+    obj = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == name)
+    return list(obj.get("stringData", {}).values()) + list(obj.get("data", {}).values())
+
+
+def test_dagster_helm_values(objects: list[dict], image: str) -> None:
+    values = yaml.safe_load((K8S / "dagster-values.yaml").read_text())
+    secrets, configmaps = _defined(objects, "Secret"), _defined(objects, "ConfigMap")
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    for holder in (launcher, deployment):
+        assert all(s["name"] in secrets for s in holder["envSecrets"])
+        assert all(c["name"] in configmaps for c in holder["envConfigMaps"])
+    assert f"{deployment['image']['repository']}:{deployment['image']['tag']}" == image
+    assert "postgresql-password" in secrets[values["global"]["postgresqlSecretName"]]
+    assert values["postgresql"]["enabled"] is False and values["generatePostgresqlPasswordSecret"] is False
+    module = deployment["dagsterApiGrpcArgs"][deployment["dagsterApiGrpcArgs"].index("-m") + 1]
+    pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    assert module == pyproject["tool"]["dagster"]["module_name"]
+    dagster_yaml = yaml.safe_load((PROJECT_ROOT / "dagster.yaml").read_text())
+    limits = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["tagConcurrencyLimits"]
+    assert limits == dagster_yaml["concurrency"]["runs"]["tag_concurrency_limits"]
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return dict(arg[2:].split("=", 1) for arg in command if arg.startswith("--") and "=" in arg)
+
+
+def test_training_job_layout_matches_its_recipe(objects: list[dict]) -> None:
+    job = next(o for o in objects if o["kind"] == "Job")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    trainer = next(c for c in pod["containers"] if c["name"] == "trainer")
+    flags = _flags(trainer["command"])
+    nodes, gpus = int(flags["num_nodes"]), int(flags["num_gpus"])
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == nodes
+    assert int(trainer["resources"]["limits"]["nvidia.com/gpu"]) == gpus
+    assert "--no_ssh" in trainer["command"] and flags["node_rank"] == "$(NODE_RANK)"
+    assert any(e["name"] == "NODE_RANK" and "job-completion-index" in e["valueFrom"]["fieldRef"]["fieldPath"]
+               for e in trainer["env"])
+
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == pod["subdomain"])
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert flags["master_addr"] == f"{job['metadata']['name']}-0.{pod['subdomain']}"
+    assert int(flags["master_port"]) == service["spec"]["ports"][0]["port"]
+
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in trainer["volumeMounts"]}
+    hostfile_path, recipe_path = Path(flags["hostfile"]), Path(flags["config"])
+    hostfile_cm = configmaps[volumes[mounts[str(hostfile_path.parent)]]["configMap"]["name"]]
+    hosts = [re.fullmatch(r"(\S+) slots=(\d+)", line).groups() for line in hostfile_cm["data"][hostfile_path.name].splitlines()]
+    assert [h for h, _ in hosts] == [f"{job['metadata']['name']}-{i}.{pod['subdomain']}" for i in range(nodes)]
+    assert all(int(slots) == gpus for _, slots in hosts)
+
+    recipes = configmaps[volumes[mounts[str(recipe_path.parent)]]["configMap"]["name"]]["data"]
+    config = load_config_text(recipes[recipe_path.name])
+    assert config.pretrain.arch == job["metadata"]["labels"]["sapiens2/recipe"]
+    assert config.pretrain.deepspeed.world_size == nodes * gpus
+    ds_json = json.loads(recipes[recipe_path.with_suffix(".json").name])
+    assert ds_json == build_deepspeed_config(config.pretrain.deepspeed, config.pretrain.optim)
+
+    module = trainer["command"][trainer["command"].index("--module") + 1]
+    assert importlib.util.find_spec(module) is not None and "--rank-worker" in trainer["command"]
+
+
+def load_config_text(text: str):
+    return deepspeed_configs.load_config_dict(yaml.safe_load(text))
+
+
+def test_mlflow_deployment_uses_postgres_secret_and_the_bucket(objects: list[dict]) -> None:
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "mlflow")
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "mlflow")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == container["ports"][0]["containerPort"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]["name"] == "sapiens2-mlflow-db"
+    assert "--backend-store-uri" not in container["command"]  # a DSN in argv would be readable by all
+    services = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sapiens2-services")["data"]
+    destination = container["command"][container["command"].index("--artifacts-destination") + 1]
+    prefix = f"s3://{services['SAPIENS2_S3_BUCKET']}/{services['SAPIENS2_S3_PREFIX']}"
+    assert destination == f"{prefix}/mlflow" and services["SAPIENS2_DVC_REMOTE"] == f"{prefix}/dvc"
+    assert services["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
