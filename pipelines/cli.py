@@ -15,6 +15,7 @@ VERBS = {
     "evaluate": ("pipelines.evaluate", "evaluate the five task models on the held-out split"),
     "register": ("pipelines.register", "register the task models in MLflow with lineage tags"),
     "promote": ("pipelines.promote", "move the champion alias to a better model version"),
+    "export": ("pipelines.export", "write a curated dataset as COCO keypoints, PNG label maps or the dense layout"),
     "demo": ("assets.demo", "materialise the whole Dagster graph on the embedded defaults"),
 }
 

@@ -15,17 +15,21 @@ LABEL_KEYS = ("keypoints", "seg", "mask", "normal", "pointmap", "albedo", "K", "
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: np.savez stamps the current time
 
 
-def write_sample(path: str | Path, sample: PersonSample) -> None:
-    """Write the labels of `sample` (not its image) as an npz; normals are stored as float16."""
+def write_label_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write named arrays as an npz whose bytes depend only on the arrays (fixed timestamps)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for key in LABEL_KEYS:
-            array = getattr(sample, key)
-            if key == "normal":
-                array = array.astype(np.float16)
+        for key, array in arrays.items():
             buf = io.BytesIO()
             np.lib.format.write_array(buf, np.ascontiguousarray(array), allow_pickle=False)
             info = zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH)
             zf.writestr(info, buf.getvalue(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=1)
+
+
+def write_sample(path: str | Path, sample: PersonSample) -> None:
+    """Write the labels of `sample` (not its image) as an npz; normals are stored as float16."""
+    arrays = {key: getattr(sample, key) for key in LABEL_KEYS}
+    arrays["normal"] = arrays["normal"].astype(np.float16)
+    write_label_arrays(path, arrays)
 
 
 def read_sample(path: str | Path) -> dict[str, np.ndarray]:
