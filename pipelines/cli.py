@@ -16,6 +16,7 @@ VERBS = {
     "register": ("pipelines.register", "register the task models in MLflow with lineage tags"),
     "promote": ("pipelines.promote", "move the champion alias to a better model version"),
     "export": ("pipelines.export", "write a curated dataset as COCO keypoints, PNG label maps or the dense layout"),
+    "predict": ("pipelines.predict", "run a task model on images; write overlays and raw outputs"),
     "demo": ("assets.demo", "materialise the whole Dagster graph on the embedded defaults"),
 }
 
