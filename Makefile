@@ -51,3 +51,9 @@ stack-down:
 
 stack-status:
 	$(BIN)/python -m infra.stack status
+
+# One image request to each task's production champion served by `mlflow models serve` (infra/serve_smoke.py);
+# after `source .stack/env` it serves the stack's registry.
+.PHONY: serve-smoke
+serve-smoke: install
+	$(BIN)/python -m infra.serve_smoke

@@ -18,7 +18,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 from mlflow import MlflowClient
-from mlflow.models import infer_signature
+from mlflow.models import ModelSignature, infer_signature
+from mlflow.types import Schema, TensorSpec
 
 import pipelines
 import sapiens2
@@ -66,7 +67,10 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
     if existing is None:
         model, spec = load_task_model(model_dir)
         example = np.zeros((1, *spec["image_size"], 3), dtype=np.uint8)
-        signature = infer_signature(example, predict_images(model, task, example, tuple(spec["image_size"])))
+        output = predict_images(model, task, example, tuple(spec["image_size"]), spec.get("task_settings"))
+        # Any image size is served (the pyfunc resizes), so only the channel axis is fixed in the input.
+        signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, 3))]),
+                                   outputs=infer_signature(example, output).outputs)
         with tempfile.TemporaryDirectory() as tmp, tracking.start_stage_run("registry", f"register-{task}", tags):
             files = Path(tmp) / "model"
             files.mkdir()
