@@ -145,9 +145,9 @@ class PlatformConfig(_Section):
 
     @model_validator(mode="after")
     def _image_fits_patches(self) -> PlatformConfig:
-        patch = ARCHS[self.pretrain.arch].patch_size
-        if any(side % patch for side in self.image_size):
-            raise ValueError(f"image_size {self.image_size} must be a multiple of the {patch}-px patch")
+        stride = ARCHS[self.pretrain.arch].token_stride  # the patch, or a 4K model's 4x4-patch window
+        if any(side % stride for side in self.image_size):
+            raise ValueError(f"image_size {self.image_size} must be a multiple of the {stride}-px token of {self.pretrain.arch}")
         return self
 
     def model_name(self, task: str) -> str:

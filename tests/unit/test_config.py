@@ -27,6 +27,7 @@ def test_project_params_load_and_match_the_demo_recipe() -> None:
         ({"finetune.steps": 0}, "finetune.steps"),
         ({"synth.n_people": 0}, "synth.n_people"),
         ({"image_size": [100, 96]}, "image_size"),
+        ({"pretrain.arch": "sapiens2_tiny_4k"}, "image_size"),  # 96 px is not a multiple of its 64-px token
     ],
 )
 def test_bad_value_names_file_and_field(override: dict, field: str) -> None:
