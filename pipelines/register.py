@@ -79,11 +79,11 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=TaskPyfunc(), artifacts={"model_dir": str(files)},
                 code_paths=[str(Path(sapiens2.__file__).parent), str(Path(pipelines.__file__).parent)],
-                signature=signature, registered_model_name=name,
+                signature=signature, registered_model_name=name, tags=tags,
             )
+        # The tags are part of the version's creation: a version without its dvc.model_md5 (that a
+        # rerun could not recognise) never exists.
         existing = str(info.registered_model_version)
-        for key, value in tags.items():
-            client.set_model_version_tag(name, existing, key, value)
         reused = False
     else:
         reused = True
@@ -93,7 +93,9 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
 def register_all(config: PlatformConfig, report: dict, models_root: Path, model_md5: dict[str, str],
                  lineage: Lineage) -> list[Registration]:
     """Register every task of an evaluation report (`metrics.json`)."""
-    mlflow.set_tracking_uri(tracking.tracking_uri_for(Workspace.from_env().root))
+    uri = tracking.tracking_uri_for(Workspace.from_env().root)
+    tracking.require_server(uri)
+    mlflow.set_tracking_uri(uri)
     return [
         register_task(config, result, report["split_id"], models_root / result["task"], model_md5[result["task"]], lineage)
         for result in report["tasks"]

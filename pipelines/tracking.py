@@ -13,6 +13,8 @@ import importlib.util
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +39,31 @@ def tracking_uri_for(workspace_root: str | Path) -> str:
 def artifact_root_for(workspace_root: str | Path) -> Path:
     """Folder that holds the embedded store's artifacts, one sub-folder per stage."""
     return Path(workspace_root).resolve() / "mlartifacts"
+
+
+class TrackingServerUnavailable(RuntimeError):
+    """The MLflow tracking server a step needs does not answer; the message names its URI."""
+
+
+def require_server(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast, naming `uri`, when an http(s) tracking server does not answer `/health`.
+
+    MLflow's client retries a refused connection with backoff for minutes and then reports a
+    bare connection error; a step that cannot reach its server should say which one at once.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        raise TrackingServerUnavailable(
+            f"MLflow tracking server {uri} is not reachable ({getattr(exc, 'reason', exc)}); "
+            f"start it (`make stack-up`) or point MLFLOW_TRACKING_URI elsewhere, then rerun") from exc
+    if status != 200:
+        raise TrackingServerUnavailable(f"MLflow tracking server {uri} is not healthy: GET /health -> {status}")
 
 
 def _is_embedded(uri: str) -> bool:
