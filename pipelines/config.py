@@ -88,8 +88,35 @@ class FinetuneConfig(_TrainingSection):
     task_settings: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-task settings, e.g. {pose: {sigma: 3.0}} (task dataclass fields)"
     )
+    augment: dict[str, Any] = Field(
+        default_factory=dict,
+        description="training augmentation (sapiens2.data.augment.Augment fields: affine_prob, max_rotation_deg, "
+                    "photometric_prob, ...); empty = horizontal flip only",
+    )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     optim: OptimSection = OptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+
+    @field_validator("augment")
+    @classmethod
+    def _valid_augment(cls, augment: dict[str, Any]) -> dict[str, Any]:
+        if augment:
+            cls._build_augment(augment)
+        return augment
+
+    @staticmethod
+    def _build_augment(augment: dict[str, Any]):
+        from sapiens2.data.augment import Augment  # torch-free but cv2-heavy: only when configured
+
+        unknown = sorted(set(augment) - {"hflip_prob", "affine_prob", "scale_range", "max_rotation_deg",
+                                         "photometric_prob", "brightness", "contrast", "saturation", "hue_deg"})
+        if unknown:
+            raise ValueError(f"unknown augmentation setting(s) {unknown}")
+        settings = {k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()}
+        return Augment(**settings)
+
+    def augmentation(self):
+        """The training recipe (`Augment`), or None for the dataset's flip-only default."""
+        return self._build_augment(self.augment) if self.augment else None
 
     @field_validator("task_settings")
     @classmethod

@@ -62,7 +62,8 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     steps = cfg.steps_for(task_name)
     task = config.finetune.task(task_name)
     height, width = config.image_size
-    data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed)
+    data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed,
+                          augment=cfg.augmentation())
     model = initial_model(config, task_name, backbone_path)
     groups = layerwise_param_groups(
         model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id

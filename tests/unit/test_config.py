@@ -64,3 +64,14 @@ def test_task_settings_reach_the_task_and_unknown_ones_are_named() -> None:
     assert config.finetune.task("seg").name == "seg"
     with pytest.raises(ValueError, match=r"finetune\.task_settings.*sigmaa"):
         load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigmaa": 3.0})
+
+
+def test_augmentation_recipe_is_validated_and_off_by_default() -> None:
+    assert load_config(PROJECT_ROOT / "params.yaml").finetune.augmentation() is None
+    config = load_config(None, {"finetune.augment.affine_prob": 0.5, "finetune.augment.scale_range": [0.8, 1.2]})
+    recipe = config.finetune.augmentation()
+    assert recipe.affine_prob == 0.5 and recipe.scale_range == (0.8, 1.2)
+    with pytest.raises(ValueError, match=r"finetune\.augment.*affine_prob"):
+        load_config(None, {"finetune.augment.affine_prob": 1.5})
+    with pytest.raises(ValueError, match=r"finetune\.augment.*rotation"):
+        load_config(None, {"finetune.augment.rotation": 10})
