@@ -1,8 +1,9 @@
 """Pose: heatmap head, visibility-weighted heatmap MSE, UDP codec, flip test, OKS AP, skeleton.
 
-The spine uses the 17 COCO body keypoints; every setting that depends on the keypoint set
-(count, flip pairs, OKS sigmas, skeleton) is a field so the 308-keypoint set of the reference
-models is a configuration, not a code change.
+The spine uses the 17 COCO body keypoints; `keypoint_set="sapiens308"` switches to the
+308-keypoint whole-body set of the reference models. Every setting that depends on the set
+(count, flip pairs, OKS sigmas, skeleton) comes from it unless given explicitly, so the set is a
+configuration, not a code change.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import nn
 
+from sapiens2.keypoint_sets import get_keypoint_set
+from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS, COCO_SKELETON  # noqa: F401 (re-exported)
 from sapiens2.tasks.base import Task
 from sapiens2.tasks.heads import POSE_WIDTHS, build_deconv_head
-from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS, COCO_SKELETON  # noqa: F401 (re-exported)
 from sapiens2.tasks.keypoint_codec import UDPHeatmapCodec, flip_heatmaps, flip_index
 
 COCO_STATS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
@@ -32,24 +34,36 @@ class PoseTask(Task):
     """Top-down keypoint heatmaps at 4x the token grid.
 
     sigma is in heatmap cells: 2 suits the 32x24 heatmaps of the 128x96 demo (and 64x48),
-    6 the reference 256x192 heatmaps.
+    6 the reference 256x192 heatmaps. num_keypoints, flip_pairs, oks_sigmas and skeleton left
+    at None take the values of `keypoint_set` ("coco17" or "sapiens308").
     """
 
     name: ClassVar[str] = "pose"
     primary_metric: ClassVar[str] = "AP"
     higher_is_better: ClassVar[bool] = True
 
-    num_keypoints: int = 17
+    keypoint_set: str = "coco17"
+    num_keypoints: int | None = None
     sigma: float = 2.0
-    flip_pairs: tuple[tuple[int, int], ...] = COCO_FLIP_PAIRS
-    oks_sigmas: tuple[float, ...] = COCO_OKS_SIGMAS
-    skeleton: tuple[tuple[int, int], ...] = COCO_SKELETON
+    flip_pairs: tuple[tuple[int, int], ...] | None = None
+    oks_sigmas: tuple[float, ...] | None = None
+    skeleton: tuple[tuple[int, int], ...] | None = None
     flip_test: bool = True
     heatmap_mse_weight: float = 10.0
     heatmap_stride: int = 4  # image pixels per heatmap cell: 16 per token / 4x upsampling
     _flip_index: list[int] = field(init=False, repr=False, compare=False)
+    # (name, keypoint indices) of the subsets OKS AP is also reported for.
+    eval_groups: tuple[tuple[str, tuple[int, ...]], ...] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        kset = get_keypoint_set(self.keypoint_set)
+        for name in ("num_keypoints", "flip_pairs", "oks_sigmas", "skeleton"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, getattr(kset, name))
+        same_set = self.num_keypoints == kset.num_keypoints
+        object.__setattr__(self, "eval_groups", kset.eval_groups if same_set else ())
         if len(self.oks_sigmas) != self.num_keypoints:
             raise ValueError(
                 f"oks_sigmas has {len(self.oks_sigmas)} values, need {self.num_keypoints}"
@@ -159,48 +173,69 @@ class OKSMetric:
         return self
 
     def compute(self) -> dict[str, float]:
+        """COCO stats over all keypoints, then `<group>_<stat>` for each of the task's
+        eval_groups (e.g. body_AP, face_AP for the 308 set) with that subset's sigmas."""
         if not self.records:
             raise ValueError("OKSMetric.compute called before any update")
         records = sorted(self.records, key=lambda r: r["id"])
-        images, gts, dts = [], [], []
-        for image_id, rec in enumerate(records, start=1):
-            x0, y0, x1, y1 = (float(v) for v in rec["bbox"])
-            gt_kpts = rec["gt"].copy()
-            gt_kpts[gt_kpts[:, 2] <= 0] = 0.0  # COCO convention: unlabelled keypoints are 0,0,0
-            images.append({"id": image_id})
-            gts.append(
-                {
-                    "id": image_id,
-                    "image_id": image_id,
-                    "category_id": 1,
-                    "iscrowd": 0,
-                    "bbox": [x0, y0, x1 - x0, y1 - y0],
-                    "area": max(x1 - x0, 0.0) * max(y1 - y0, 0.0),
-                    "keypoints": gt_kpts.reshape(-1).tolist(),
-                    "num_keypoints": int((rec["gt"][:, 2] > 0).sum()),
-                }
-            )
-            dt = rec["dt"]
-            dt_kpts = np.concatenate([dt[:, :2], np.ones((len(dt), 1), np.float32)], axis=1)
-            dts.append(
-                {
-                    "image_id": image_id,
-                    "category_id": 1,
-                    "keypoints": dt_kpts.reshape(-1).tolist(),
-                    "score": float(np.clip(dt[:, 2], 0.0, None).mean()),
-                }
-            )
-        with contextlib.redirect_stdout(io.StringIO()):  # COCOeval prints its progress tables
-            coco_gt = COCO()
-            coco_gt.dataset = {
-                "images": images,
-                "annotations": gts,
-                "categories": [{"id": 1, "name": "person"}],
+        sigmas = np.asarray(self.task.oks_sigmas, dtype=np.float64)
+        out = _coco_keypoint_stats(records, np.arange(len(sigmas)), sigmas)
+        for group, index in self.task.eval_groups:
+            idx = np.asarray(index)
+            stats = _coco_keypoint_stats(records, idx, sigmas[idx])
+            out |= {f"{group}_{name}": value for name, value in stats.items()}
+        return out
+
+
+def _coco_keypoint_stats(
+    records: list[dict[str, Any]], index: np.ndarray, sigmas: np.ndarray
+) -> dict[str, float]:
+    """COCOeval keypoint stats over the keypoints `index` of each record (ids 1.. in order).
+
+    A person with none of these keypoints labelled is ignored by COCOeval (num_keypoints 0).
+    """
+    images, gts, dts = [], [], []
+    for image_id, rec in enumerate(records, start=1):
+        x0, y0, x1, y1 = (float(v) for v in rec["bbox"])
+        gt = rec["gt"][index]
+        gt_kpts = gt.copy()
+        gt_kpts[gt_kpts[:, 2] <= 0] = 0.0  # COCO convention: unlabelled keypoints are 0,0,0
+        images.append({"id": image_id})
+        gts.append(
+            {
+                "id": image_id,
+                "image_id": image_id,
+                "category_id": 1,
+                "iscrowd": 0,
+                "bbox": [x0, y0, x1 - x0, y1 - y0],
+                "area": max(x1 - x0, 0.0) * max(y1 - y0, 0.0),
+                "keypoints": gt_kpts.reshape(-1).tolist(),
+                "num_keypoints": int((gt[:, 2] > 0).sum()),
             }
-            coco_gt.createIndex()
-            evaluator = COCOeval(coco_gt, coco_gt.loadRes(dts), "keypoints")
-            evaluator.params.kpt_oks_sigmas = np.asarray(self.task.oks_sigmas, dtype=np.float64)
-            evaluator.evaluate()
-            evaluator.accumulate()
-            evaluator.summarize()
-        return {name: float(v) for name, v in zip(COCO_STATS, evaluator.stats, strict=True)}
+        )
+        dt = rec["dt"]
+        dt_kpts = np.concatenate([dt[:, :2], np.ones((len(dt), 1), np.float32)], axis=1)[index]
+        dts.append(
+            {
+                "image_id": image_id,
+                "category_id": 1,
+                "keypoints": dt_kpts.reshape(-1).tolist(),
+                # The person's score comes from all its keypoints, so every subset ranks
+                # detections the same way.
+                "score": float(np.clip(dt[:, 2], 0.0, None).mean()),
+            }
+        )
+    with contextlib.redirect_stdout(io.StringIO()):  # COCOeval prints its progress tables
+        coco_gt = COCO()
+        coco_gt.dataset = {
+            "images": images,
+            "annotations": gts,
+            "categories": [{"id": 1, "name": "person"}],
+        }
+        coco_gt.createIndex()
+        evaluator = COCOeval(coco_gt, coco_gt.loadRes(dts), "keypoints")
+        evaluator.params.kpt_oks_sigmas = sigmas
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return {name: float(v) for name, v in zip(COCO_STATS, evaluator.stats, strict=True)}
