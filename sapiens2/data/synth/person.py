@@ -13,19 +13,22 @@ from sapiens2.data.synth.outfit import Outfit, sample_outfit
 from sapiens2.data.synth.pose import sample_pose, sample_shape
 from sapiens2.data.synth.render import Hits, cast, lambert
 from sapiens2.data.synth.textures import background
+from sapiens2.data.synth.wholebody import keypoints308_3d
+
+KEYPOINT_SETS = ("coco17", "sapiens308")
 
 
 @dataclass(frozen=True)
 class PersonSample:
     """A rendered person and its labels (camera-space geometry; background is zero/False).
 
-    keypoints: (17, 3) x, y in pixels with pixel centres at column + 0.5, visibility 0 = outside
-    the image, 1 = inside but occluded, 2 = visible. bbox: x0, y0, x1, y1 of the foreground mask
-    in the same continuous pixel coordinates.
+    keypoints: (K, 3) x, y in pixels with pixel centres at column + 0.5, visibility 0 = outside
+    the image, 1 = inside but occluded, 2 = visible; K = 17 (COCO) or 308 (whole body).
+    bbox: x0, y0, x1, y1 of the foreground mask in the same continuous pixel coordinates.
     """
 
     image: np.ndarray  # (H, W, 3) uint8 RGB
-    keypoints: np.ndarray  # (17, 3) float32
+    keypoints: np.ndarray  # (K, 3) float32
     seg: np.ndarray  # (H, W) uint8, SEG_CLASSES ids
     mask: np.ndarray  # (H, W) bool
     normal: np.ndarray  # (H, W, 3) float32 unit camera-space normals
@@ -84,12 +87,18 @@ def _edges(index: np.ndarray) -> np.ndarray:
     return edge
 
 
-def render_person(rng: np.random.Generator, height: int = 128, width: int = 96) -> PersonSample:
+def render_person(rng: np.random.Generator, height: int = 128, width: int = 96,
+                  keypoint_set: str = "coco17") -> PersonSample:
     """Render a random dressed person in a random pose, camera, light and backdrop.
+
+    keypoint_set "coco17" labels the 17 COCO keypoints, "sapiens308" the 308-keypoint whole-body
+    set; the choice draws no random numbers, so both give the same image and dense labels.
 
     Labels sample each pixel centre; the RGB image is softened along silhouettes and part
     borders (mild anti-aliasing) so edges are not stair-stepped while labels stay exact.
     """
+    if keypoint_set not in KEYPOINT_SETS:
+        raise ValueError(f"unknown keypoint_set {keypoint_set!r}; expected one of {KEYPOINT_SETS}")
     shape, pose, outfit = sample_shape(rng), sample_pose(rng), sample_outfit(rng)
     skeleton = pose_skeleton(shape, pose)
     body_shapes = build_shapes(skeleton, shape, outfit)
@@ -108,7 +117,10 @@ def render_person(rng: np.random.Generator, height: int = 128, width: int = 96) 
     image[edge] = cv2.GaussianBlur(image, (3, 3), 0.6)[edge]
     image += rng.normal(0, rng.uniform(0, 0.02), image.shape)
 
-    kp = keypoints_3d(skeleton, shape)
+    if keypoint_set == "sapiens308":
+        kp = keypoints308_3d(skeleton, shape, body_shapes)
+    else:
+        kp = keypoints_3d(skeleton, shape)
     pts_cam = camera.to_camera(kp.points)
     xy = (pts_cam[:, :2] / pts_cam[:, 2:]) * np.diag(K)[:2] + K[:2, 2]
     vis = _visibility(pts_cam, xy, kp, hits, [s.name for s in shapes])

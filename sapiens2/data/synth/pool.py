@@ -89,26 +89,28 @@ def plan_pool(n_people: int, seed: int, mix: DistractorMix) -> list[PoolItem]:
     return plan
 
 
-def _person(seed: int, index: int, height: int, width: int) -> tuple[PersonSample, str, int]:
+def _person(seed: int, index: int, height: int, width: int,
+            keypoint_set: str) -> tuple[PersonSample, str, int]:
     """The person drawn for plan item `index` and how its original file is encoded."""
-    sample = render_person(np.random.default_rng([seed, index, 0]), height, width)
+    sample = render_person(np.random.default_rng([seed, index, 0]), height, width, keypoint_set)
     enc = np.random.default_rng([seed, index, 1])
     ext = ".png" if enc.random() < 0.1 else ".jpg"
     return sample, ext, int(enc.integers(85, 97))
 
 
-def _make_item(seed: int, item: PoolItem, out_dir: Path, height: int, width: int) -> dict:
+def _make_item(seed: int, item: PoolItem, out_dir: Path, height: int, width: int,
+               keypoint_set: str = "coco17") -> dict:
     rng = np.random.default_rng([seed, item.index, 2])
     sample, data, ext = None, None, ".jpg"
     if item.kind == "person":
-        sample, ext, quality = _person(seed, item.index, height, width)
+        sample, ext, quality = _person(seed, item.index, height, width, keypoint_set)
         data = encode_image(sample.image, ext, quality)
     elif item.kind == "duplicate":
-        sample, src_ext, src_quality = _person(seed, item.source, height, width)
+        sample, src_ext, src_quality = _person(seed, item.source, height, width, keypoint_set)
         quality = int(rng.integers(70, 84)) if src_ext == ".png" else int(rng.integers(70, src_quality))
         data = encode_image(sample.image, ext, quality)
     elif item.kind == "near_duplicate":
-        source = _person(seed, item.source, height, width)[0].image
+        source = _person(seed, item.source, height, width, keypoint_set)[0].image
         data = encode_image(junk.near_duplicate(rng, source), ext, int(rng.integers(80, 96)))
     elif item.kind == "no_person":
         data = encode_image(junk.no_person(rng, height, width), ext, int(rng.integers(80, 96)))
@@ -117,7 +119,8 @@ def _make_item(seed: int, item: PoolItem, out_dir: Path, height: int, width: int
         image = render_person(rng, small, small * 3 // 4).image
         data = encode_image(image, ext, int(rng.integers(80, 96)))
     else:
-        sample = render_person(np.random.default_rng([seed, item.index, 0]), height, width)
+        sample = render_person(np.random.default_rng([seed, item.index, 0]), height, width,
+                               keypoint_set)
         if item.kind == "text_overlay":
             data = encode_image(junk.text_overlay(rng, sample.image), ext, int(rng.integers(80, 96)))
         elif item.kind == "blurred":
@@ -143,17 +146,18 @@ def _run(args: tuple) -> dict:
 
 def generate_pool(out_dir: str | Path, n_people: int, seed: int, height: int = 128, width: int = 96,
                   distractors: DistractorMix = DistractorMix(), workers: int = 2,
-                  progress: bool = True) -> pd.DataFrame:
+                  progress: bool = True, keypoint_set: str = "coco17") -> pd.DataFrame:
     """Write images/, labels/ and pool_labels.parquet under out_dir and return the table.
 
     Labels (.npz) are written for every image whose geometry is the rendered person's own:
-    people, exact duplicates, text overlays and blurred images.
+    people, exact duplicates, text overlays and blurred images. keypoint_set "sapiens308"
+    labels the 308-keypoint whole-body set instead of the 17 COCO keypoints (same images).
     """
     out_dir = Path(out_dir).resolve()  # workers need not share the caller's working directory
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     (out_dir / "labels").mkdir(parents=True, exist_ok=True)
     plan = plan_pool(n_people, seed, distractors)
-    jobs = [(seed, item, out_dir, height, width) for item in plan]
+    jobs = [(seed, item, out_dir, height, width, keypoint_set) for item in plan]
     bar = dict(total=len(jobs), desc="synth pool", unit="img", disable=not progress)
     if workers <= 1:
         rows = [_run(job) for job in tqdm(jobs, **bar)]
