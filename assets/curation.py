@@ -68,7 +68,8 @@ def curated_expectations(context: dg.AssetCheckExecutionContext, platform: Platf
     Blocking: a failed suite stops every downstream asset; its metadata names the expectations."""
     ws = platform.ws
     inputs = sum(1 for p in (ws.raw_dir / "images").iterdir() if p.is_file())
-    for result in validate_curated(ws.curated_dir, input_count=inputs):
+    num_keypoints = platform.config.task("pose").num_keypoints
+    for result in validate_curated(ws.curated_dir, input_count=inputs, num_keypoints=num_keypoints):
         failed = pd.DataFrame([
             {"expectation": f.expectation_type, "column": f.column or "", "observed": f.observed, "ids": ", ".join(f.ids[:5])}
             for f in result.failed

@@ -8,7 +8,9 @@ bad value fails on construction, before any work starts, with the file and the d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import dataclasses
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -114,9 +116,13 @@ class FinetuneConfig(_TrainingSection):
         settings = {k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()}
         return Augment(**settings)
 
-    def augmentation(self):
-        """The training recipe (`Augment`), or None for the dataset's flip-only default."""
-        return self._build_augment(self.augment) if self.augment else None
+    def augmentation(self, flip_pairs: tuple[tuple[int, int], ...] | None = None):
+        """The training recipe (`Augment`, flipping keypoints with `flip_pairs`), or None for the
+        dataset's flip-only default."""
+        if not self.augment:
+            return None
+        recipe = self._build_augment(self.augment)
+        return recipe if flip_pairs is None else dataclasses.replace(recipe, flip_pairs=tuple(flip_pairs))
 
     @field_validator("task_settings")
     @classmethod
@@ -126,13 +132,6 @@ class FinetuneConfig(_TrainingSection):
         for name, settings in task_settings.items():
             get_task(name, **settings)  # unknown task, unknown field or bad value raise here
         return task_settings
-
-    def task(self, name: str) -> Task:
-        """Task `name` with its configured settings: the one object training, evaluation and
-        serving share, so a heatmap sigma cannot differ between them."""
-        from sapiens2.tasks import get_task
-
-        return get_task(name, **self.task_settings.get(name, {}))
 
     @field_validator("task_steps")
     @classmethod
@@ -163,6 +162,9 @@ class PlatformConfig(_Section):
     """Everything one end-to-end run needs; derived values come from methods, never mutation."""
 
     image_size: tuple[int, int] = (128, 96)
+    # The keypoints the generator labels and pose trains on: the 17 COCO body points, or the
+    # 308-point whole-body set of the reference models.
+    keypoint_set: Literal["coco17", "sapiens308"] = "coco17"
     synth: SynthConfig = SynthConfig()
     curation: CurationConfig = CurationConfig()
     pretrain: PretrainConfig = PretrainConfig()
@@ -176,6 +178,25 @@ class PlatformConfig(_Section):
         if any(side % stride for side in self.image_size):
             raise ValueError(f"image_size {self.image_size} must be a multiple of the {stride}-px token of {self.pretrain.arch}")
         return self
+
+    def task_settings(self, name: str) -> dict[str, Any]:
+        """Settings task `name` is built with (recorded in each model's model.json)."""
+        settings = dict(self.finetune.task_settings.get(name, {}))
+        if name == "pose":
+            settings.setdefault("keypoint_set", self.keypoint_set)
+        return settings
+
+    def task(self, name: str) -> Task:
+        """Task `name` with its configured settings: the one object training, evaluation and
+        serving share, so a heatmap sigma or keypoint set cannot differ between them."""
+        from sapiens2.tasks import get_task
+
+        return get_task(name, **self.task_settings(name))
+
+    def dataset_keypoints(self) -> dict[str, Any]:
+        """CuratedDataset arguments for this keypoint set (label count and flip pairs)."""
+        pose = self.task("pose")
+        return {"num_keypoints": pose.num_keypoints, "flip_pairs": pose.flip_pairs}
 
     def model_name(self, task: str) -> str:
         return f"{self.registry.model_prefix}-{task}"

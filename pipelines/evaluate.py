@@ -56,7 +56,7 @@ def split_id(data: CuratedDataset, data_md5: str) -> str:
 
 
 def _task(name: str, config: PlatformConfig) -> Task:
-    settings = dict(config.finetune.task_settings.get(name, {}))
+    settings = config.task_settings(name)
     if name == "pose":
         settings["flip_test"] = config.evaluate.flip_test
     return get_task(name, **settings)
@@ -78,7 +78,7 @@ def score(model: TaskModel, task: Task, data: CuratedDataset, batch_size: int) -
 def evaluate_task(config: PlatformConfig, name: str, curated_dir: Path, model_dir: Path, out_dir: Path) -> tuple[TaskEvaluation, Path]:
     task = _task(name, config)
     height, width = config.image_size
-    data = CuratedDataset(curated_dir, "val", height, width, tasks=(name,))
+    data = CuratedDataset(curated_dir, "val", height, width, tasks=(name,), **config.dataset_keypoints())
     model, spec = load_task_model(model_dir)
     baseline_model = initial_model(config, name, Path(spec["backbone_init"])).eval()
     metrics, (images, outputs) = score(model, task, data, config.evaluate.batch_size)

@@ -45,7 +45,7 @@ def initial_model(config: PlatformConfig, task: str, backbone_path: Path) -> Tas
     backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
     load_checkpoint(backbone, backbone_path)
     torch.manual_seed(config.finetune.seed)
-    return build_task_model(task, backbone)
+    return build_task_model(task, backbone, **config.task_settings(task))
 
 
 def _to_float(pred):
@@ -60,10 +60,12 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     rank, world_size = init_distributed()
     cfg, ds = config.finetune, config.finetune.deepspeed
     steps = cfg.steps_for(task_name)
-    task = config.finetune.task(task_name)
+    task = config.task(task_name)
     height, width = config.image_size
-    data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed,
-                          augment=cfg.augmentation())
+    keypoints = config.dataset_keypoints()
+    augment = cfg.augmentation(keypoints["flip_pairs"])
+    data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed, augment=augment,
+                          **(keypoints if augment is None else {"num_keypoints": keypoints["num_keypoints"]}))
     model = initial_model(config, task_name, backbone_path)
     groups = layerwise_param_groups(
         model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id
@@ -110,7 +112,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
             spec = {
                 "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
                 "backbone_init": str(backbone_path), "steps": steps, "seed": cfg.seed,
-                "task_settings": cfg.task_settings.get(task_name, {}),
+                "task_settings": config.task_settings(task_name),
                 "final_loss": history["loss"][-1],
                 "steps_per_second": (steps - start) / seconds if seconds > 0 else 0.0,
             }

@@ -26,7 +26,7 @@ from pipelines import tracking
 from pipelines.serving import load_task_model, predict_images
 from pipelines.workspace import Workspace
 from sapiens2.data.formats.common import read_rgb, write_png
-from sapiens2.labels import COCO_KEYPOINT_NAMES
+from sapiens2.keypoint_sets import get_keypoint_set
 from sapiens2.tasks import TASK_NAMES, get_task
 
 
@@ -69,7 +69,8 @@ def predict_files(
         output = predict_images(model, task_name, image[None], size, settings)[0]
         if task_name == "pose":
             canvas, raw = image, output_dir / f"{stem}.pose.json"
-            names = COCO_KEYPOINT_NAMES if len(output) == len(COCO_KEYPOINT_NAMES) else None
+            names = get_keypoint_set(task.keypoint_set).names
+            names = names if len(names) == len(output) else None
             raw.write_text(json.dumps({
                 "image": str(path), "keypoints": output.tolist(),
                 "names": list(names) if names else None, "columns": ["x", "y", "score"],

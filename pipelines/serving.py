@@ -26,7 +26,7 @@ def load_task_model(model_dir: Path) -> tuple[TaskModel, dict]:
     """Rebuild a fine-tuned model from its folder (model.json + model.safetensors), in eval mode."""
     spec = json.loads((Path(model_dir) / "model.json").read_text())
     backbone = build_backbone(spec["arch"], img_size=tuple(spec["image_size"]))
-    model = build_task_model(spec["task"], backbone)
+    model = build_task_model(spec["task"], backbone, **spec.get("task_settings", {}))
     load_checkpoint(model, Path(model_dir) / "model.safetensors")
     return model.eval(), spec
 

@@ -21,6 +21,7 @@ def synthesize(output_dir: Path, config: PlatformConfig) -> pd.DataFrame:
         height=height,
         width=width,
         workers=config.synth.workers,
+        keypoint_set=config.keypoint_set,
     )
 
 

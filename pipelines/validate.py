@@ -28,6 +28,7 @@ from pipelines.dataset_stats import (
     build_counts,
     build_label_manifests,
 )
+from pipelines.config import load_config
 from pipelines.workspace import Workspace
 
 # GX sends usage analytics unless this is off, and reads the flag when it is imported.
@@ -125,11 +126,12 @@ def counts_suite() -> gx.ExpectationSuite:
     ])
 
 
-def label_suites() -> dict[str, gx.ExpectationSuite]:
-    """One suite per task over the statistics tables of `build_label_manifests`."""
+def label_suites(num_keypoints: int = NUM_KEYPOINTS) -> dict[str, gx.ExpectationSuite]:
+    """One suite per task over the statistics tables of `build_label_manifests`; pose labels must
+    carry `num_keypoints` points (17 COCO or the 308-point whole-body set)."""
     rules = {
-        "pose": [_between("num_keypoints", NUM_KEYPOINTS, NUM_KEYPOINTS),
-                 _between("num_visible", 0, NUM_KEYPOINTS), _between("num_invalid_vis", 0, 0),
+        "pose": [_between("num_keypoints", num_keypoints, num_keypoints),
+                 _between("num_visible", 0, num_keypoints), _between("num_invalid_vis", 0, 0),
                  _between("num_out_of_bounds", 0, 0),
                  gxe.ExpectColumnMeanToBeBetween(column="num_visible", min_value=1)],
         "seg": [_between("class_min", 0, NUM_SEG_CLASSES - 1), _between("class_max", 0, NUM_SEG_CLASSES - 1),
@@ -210,7 +212,8 @@ def run_suites(tables: dict[str, tuple[gx.ExpectationSuite, pd.DataFrame]]) -> l
     return results
 
 
-def validate_curated(curated_dir: str | Path, input_count: int | None = None) -> list[SuiteResult]:
+def validate_curated(curated_dir: str | Path, input_count: int | None = None,
+                     num_keypoints: int = NUM_KEYPOINTS) -> list[SuiteResult]:
     """Run every suite against a curated dataset (label suites only when labels/ exists)."""
     curated_dir = Path(curated_dir)
     tables = {
@@ -218,7 +221,7 @@ def validate_curated(curated_dir: str | Path, input_count: int | None = None) ->
         "curated_counts": (counts_suite(), build_counts(curated_dir, input_count)),
     }
     if (curated_dir / "labels").is_dir():
-        suites = label_suites()
+        suites = label_suites(num_keypoints)
         for task, frame in build_label_manifests(curated_dir).items():
             tables[f"labels_{task}"] = (suites[task], frame)
     return run_suites(tables)
@@ -230,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curated", type=Path, default=None,
                         help="curated dataset folder (default: the workspace's data/curated)")
     parser.add_argument("--input-count", type=int, default=None, help="files that entered curation")
+    parser.add_argument("--config", type=Path, default=None, help="platform config (default: the workspace's params.yaml)")
     args = parser.parse_args(argv)
-    results = validate_curated(args.curated or Workspace.from_env().curated_dir, args.input_count)
+    ws = Workspace.from_env()
+    config = load_config(args.config or ws.params_file)
+    results = validate_curated(args.curated or ws.curated_dir, args.input_count, config.task("pose").num_keypoints)
     for res in results:
         print(f"{'PASS' if res.success else 'FAIL'} {res.suite} ({res.evaluated} expectations)")
         for f in res.failed:

@@ -60,8 +60,11 @@ def test_overrides_are_applied_and_typed() -> None:
 
 def test_task_settings_reach_the_task_and_unknown_ones_are_named() -> None:
     config = load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigma": 2.5})
-    assert config.finetune.task("pose").sigma == 2.5
-    assert config.finetune.task("seg").name == "seg"
+    assert config.task("pose").sigma == 2.5 and config.task("pose").num_keypoints == 17
+    assert config.task("seg").name == "seg"
+    whole_body = load_config(PROJECT_ROOT / "params.yaml", {"keypoint_set": "sapiens308"})
+    assert whole_body.task("pose").num_keypoints == 308
+    assert whole_body.dataset_keypoints()["num_keypoints"] == 308
     with pytest.raises(ValueError, match=r"finetune\.task_settings.*sigmaa"):
         load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigmaa": 3.0})
 
