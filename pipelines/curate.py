@@ -4,7 +4,9 @@
 ``input_dir`` itself when it has no ``images/``) and writes ``output_dir/manifest.parquet`` with
 one row per input file, the kept images as ``output_dir/<path>`` (``images/<id><ext>``) and their
 labels as ``output_dir/labels/<id>.npz`` when ``input_dir/labels/`` has them. ``source_path`` is
-the file's path under the input image folder.
+the file's path under the input image folder. ``output_dir/report.md`` (with plots and
+thumbnails under ``output_dir/report/``) says what each stage dropped and why; the returned
+summary's ``report_path`` points at it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -30,12 +33,15 @@ from tqdm import tqdm
 
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
+from sapiens2.curation.balance import balanced_sample, hierarchical_clusters
 from sapiens2.curation.dedup import Keypoints, candidate_pairs, group_duplicates, orb_keypoints, similarity_inliers
+from sapiens2.curation.embed import near_duplicate_pairs
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
+from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
-                    "dup_group", "has_labels", "split")
-_INT_COLUMNS = ("width", "height", "short_side", "num_persons")
+                    "dup_group", "cluster", "cluster_top", "has_labels", "split")
+_INT_COLUMNS = ("width", "height", "short_side", "num_persons", "cluster", "cluster_top")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class CurationSummary:
     reason_counts: dict[str, int]
     manifest_path: Path
     seconds: float = field(compare=False)
+    report_path: Path | None = None
+    cluster_sizes: dict[str, list[int]] | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -81,8 +89,8 @@ def _init_worker(config: CurationConfig) -> None:
     _CHAIN = FilterChain(config)
 
 
-def _assess(path: Path) -> dict[str, Any]:
-    return _CHAIN.assess(path)
+def _assess(paths: list[Path]) -> list[dict[str, Any]]:
+    return _CHAIN.assess_batch(paths)
 
 
 def _keypoints(path: Path) -> Keypoints:
@@ -106,27 +114,53 @@ def _workers(config: CurationConfig) -> Iterator[Pool | None]:
 def _map(pool: Pool | None, fn: Callable, items: Sequence, desc: str) -> list:
     """Order-preserving map over files with a progress bar."""
     bar = {"total": len(items), "desc": desc, "unit": "img", "leave": False}
-    results = map(fn, items) if pool is None else pool.imap(fn, items, chunksize=8)
+    results = map(fn, items) if pool is None else pool.imap(fn, items, chunksize=1 if desc == "curate" else 8)
     return list(tqdm(results, **bar))
 
 
-def _deduplicate(rows: list[dict[str, Any]], files: list[Path], config: CurationConfig, pool: Pool | None) -> None:
-    """Mark all but one member of each near-duplicate group among the kept rows, in place."""
-    alive = [i for i, row in enumerate(rows) if row["status"] == "kept"]
-    pairs = candidate_pairs([rows[i]["phash"] for i in alive], config.phash_hamming)
-    if config.dup_verify and pairs:
-        involved = sorted({k for i, j, _ in pairs for k in (i, j)})
-        keypoints = dict(zip(involved, _map(pool, _keypoints, [files[alive[k]] for k in involved], "dedup")))
-        checked = [(i, j, d, similarity_inliers(keypoints[i], keypoints[j])) for i, j, d in pairs]
-        edges = [(i, j, f"hamming {d}, {n} ORB inliers") for i, j, d, n in checked if n >= config.dup_min_inliers]
-    else:
-        edges = [(i, j, f"hamming {d}") for i, j, d in pairs]
-
+def _priority(rows: list[dict[str, Any]], alive: list[int]) -> Callable[[int], tuple]:
     def priority(k: int) -> tuple:
         # A labelled copy beats a bigger unlabelled one (it serves the task heads too); then the
         # largest image; then the path, so equal copies resolve the same way on every run.
         row = rows[alive[k]]
         return (not row["has_labels"], -row["width"] * row["height"], row["source_path"])
+    return priority
+
+
+def _deduplicate(rows: list[dict[str, Any]], files: list[Path], config: CurationConfig, pool: Pool | None) -> None:
+    """Mark all but one member of each duplicate group among the kept rows, in place.
+
+    Three passes, each over the representatives the previous one left: exact content hash,
+    perceptual hash (+ ORB verification), then embedding cosine when configured. Their edges
+    form one graph, so a group found in several passes still has one representative.
+    """
+    alive = [i for i, row in enumerate(rows) if row["status"] == "kept"]
+    priority = _priority(rows, alive)
+    edges: list[tuple[int, int, str]] = []
+    by_hash: dict[str, list[int]] = {}
+    for k, i in enumerate(alive):
+        by_hash.setdefault(rows[i]["sha256"], []).append(k)
+    for members in by_hash.values():
+        rep = min(members, key=priority)
+        edges.extend((rep, k, "identical sha256") for k in members if k != rep)
+    survivors = sorted(min(members, key=priority) for members in by_hash.values())
+
+    pairs = [(survivors[a], survivors[b], d)
+             for a, b, d in candidate_pairs([rows[alive[k]]["phash"] for k in survivors], config.phash_hamming)]
+    if config.dup_verify and pairs:
+        involved = sorted({k for i, j, _ in pairs for k in (i, j)})
+        keypoints = dict(zip(involved, _map(pool, _keypoints, [files[alive[k]] for k in involved], "dedup")))
+        checked = [(i, j, d, similarity_inliers(keypoints[i], keypoints[j])) for i, j, d in pairs]
+        edges += [(i, j, f"hamming {d}, {n} ORB inliers") for i, j, d, n in checked if n >= config.dup_min_inliers]
+    else:
+        edges += [(i, j, f"hamming {d}") for i, j, d in pairs]
+
+    if config.embedding.near_dup_cosine is not None:
+        groups = group_duplicates(len(alive), [(i, j) for i, j, _ in edges], priority)
+        left = [k for k in range(len(alive)) if not groups.is_duplicate(k)]
+        vectors = np.stack([rows[alive[k]]["_embedding"] for k in left]) if left else np.zeros((0, 1), np.float32)
+        edges += [(left[a], left[b], f"embedding cosine {c:.3f}")
+                  for a, b, c in near_duplicate_pairs(vectors, config.embedding.near_dup_cosine)]
 
     groups = group_duplicates(len(alive), [(i, j) for i, j, _ in edges], priority)
     evidence = {frozenset((i, j)): why for i, j, why in edges}
@@ -141,6 +175,30 @@ def _deduplicate(rows: list[dict[str, Any]], files: list[Path], config: Curation
                         "detail": f"duplicate of {rows[alive[rep]]['id']} ({why})"}
 
 
+def _balance(rows: list[dict[str, Any]], config: CurationConfig) -> dict[str, list[int]] | None:
+    """Cluster the kept rows and sample them down to ``balance.target_size``, in place.
+
+    Returns the leaf-cluster sizes before and after sampling (None when balancing is off).
+    """
+    target = config.balance.target_size
+    if target is None:
+        return None
+    alive = [i for i, row in enumerate(rows) if row["status"] == "kept"]
+    vectors = np.stack([rows[i]["_embedding"] for i in alive]) if alive else np.zeros((0, 1), np.float32)
+    clusters = hierarchical_clusters(vectors, config.balance)
+    keep = balanced_sample([rows[i]["id"] for i in alive], clusters, target, config.balance.seed)
+    for k, i in enumerate(alive):
+        leaf, top = int(clusters.leaf[k]), int(clusters.top[k])
+        rows[i] |= {"cluster": leaf, "cluster_top": top}
+        if not keep[k]:
+            rows[i] |= {"status": "rejected", "reason": "over_represented",
+                        "detail": f"cluster {leaf} (top {top}) is over its share of target_size {target}"}
+    n_leaf = len(clusters.top_of_leaf)
+    return {"before": np.bincount(clusters.leaf, minlength=n_leaf).tolist(),
+            "after": np.bincount(clusters.leaf[keep], minlength=n_leaf).tolist(),
+            "top_of_leaf": clusters.top_of_leaf.tolist()}
+
+
 def _write_outputs(rows: list[dict[str, Any]], files: list[Path], input_dir: Path, output_dir: Path) -> Path:
     for sub in ("images", "labels"):
         shutil.rmtree(output_dir / sub, ignore_errors=True)
@@ -153,7 +211,9 @@ def _write_outputs(rows: list[dict[str, Any]], files: list[Path], input_dir: Pat
         if row["has_labels"]:
             (output_dir / "labels").mkdir(exist_ok=True)
             shutil.copyfile(labels_in / f"{row['id']}.npz", output_dir / "labels" / f"{row['id']}.npz")
-    table = pd.DataFrame(rows, columns=list(MANIFEST_COLUMNS))
+    # Columns of stages beyond the default set follow the fixed ones; "_"-keys are in-memory only.
+    extra = [c for c in dict.fromkeys(k for row in rows for k in row) if c not in MANIFEST_COLUMNS and c[0] != "_"]
+    table = pd.DataFrame(rows, columns=[*MANIFEST_COLUMNS, *extra])
     for col in _INT_COLUMNS:
         table[col] = table[col].astype("Int64")
     manifest = output_dir / "manifest.parquet"
@@ -171,13 +231,17 @@ def curate(input_dir: str | Path, output_dir: str | Path,
     files = list_inputs(input_dir)
     root = input_dir / "images" if (input_dir / "images").is_dir() else input_dir
     with _workers(config) as pool:
-        rows = _map(pool, _assess, files, "curate")
+        size = config.batch_size
+        batches = [files[k:k + size] for k in range(0, len(files), size)]
+        rows = [row for batch in _map(pool, _assess, batches, "curate") for row in batch]
         for row, path in zip(rows, files):
             image_id = path.stem
             row |= {"id": image_id, "path": f"images/{image_id}{path.suffix}",
                     "source_path": path.relative_to(root).as_posix(), "dup_group": None,
+                    "cluster": None, "cluster_top": None,
                     "has_labels": (input_dir / "labels" / f"{image_id}.npz").is_file()}
         _deduplicate(rows, files, config, pool)
+    cluster_sizes = _balance(rows, config)
     for row in rows:
         row["split"] = assign_split(row["id"], config.val_fraction) if row["status"] == "kept" else None
 
@@ -186,12 +250,15 @@ def curate(input_dir: str | Path, output_dir: str | Path,
         raise AssertionError(f"status counts {dict(status_counts)} do not add up to {len(files)} inputs")
     manifest = _write_outputs(rows, files, input_dir, output_dir)
     reason_counts = Counter(row["reason"] for row in rows if row["reason"] is not None)
+    report = write_report(pd.read_parquet(manifest), root, output_dir, config, cluster_sizes)
     return CurationSummary(
         n_inputs=len(files),
         status_counts={s: status_counts[s] for s in ("kept", "rejected", "quarantined")},
         reason_counts={r: reason_counts[r] for r in REASONS},
         manifest_path=manifest,
         seconds=time.perf_counter() - start,
+        report_path=report,
+        cluster_sizes=cluster_sizes,
     )
 
 

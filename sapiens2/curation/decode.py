@@ -22,8 +22,28 @@ class Decoded:
         return self.image is not None
 
 
+def to_rgb(img: Image.Image) -> np.ndarray:
+    """uint8 RGB pixels of any Pillow mode, scaled and composited so scores see what a viewer sees.
+
+    Pillow's ``convert("RGB")`` clips 16-bit grey (mode I;16 / I) at 255 instead of scaling it,
+    which turns most 16-bit PNGs white; and it drops alpha, exposing whatever colour transparent
+    pixels store (often black). So 16-bit data is scaled by 1/257, and transparent images are
+    composited over white, the backdrop a browser shows them on. CMYK and palette images go
+    through Pillow's own conversions; animated files arrive here at their first frame.
+    """
+    if img.mode.startswith("I;16") or img.mode == "I":
+        grey = np.asarray(img, dtype=np.float64)
+        if img.mode.startswith("I;16") or grey.max() > 255:
+            grey = grey / 257.0
+        img = Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8))
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
 def decode_image(path: str | Path, max_pixels: int) -> Decoded:
-    """Read ``path`` with Pillow, apply the EXIF orientation and convert to RGB.
+    """Read ``path`` with Pillow, apply the EXIF orientation and convert to RGB (``to_rgb``).
 
     Any failure (empty file, unknown format, truncated data, too many pixels) returns an
     ``error`` of the form ``"unreadable: <message>"`` instead of raising, so one bad file
@@ -39,8 +59,7 @@ def decode_image(path: str | Path, max_pixels: int) -> Decoded:
                     return Decoded(None, f"unreadable: {width}x{height} exceeds max_pixels={max_pixels}")
                 # load() forces the full decode; a truncated JPEG fails here rather than later.
                 img.load()
-                upright = ImageOps.exif_transpose(img)
-                rgb = np.asarray(upright.convert("RGB"), dtype=np.uint8)
+                rgb = to_rgb(ImageOps.exif_transpose(img))
     except Exception as exc:  # noqa: BLE001 - every decoder failure means the same verdict
         message = str(exc).strip() or type(exc).__name__
         return Decoded(None, f"unreadable: {message}")

@@ -1,78 +1,86 @@
-"""The per-image filter chain: cheapest checks first, stopping at the first failure.
+"""The per-image filter chain: the configured stages in order, stopping at the first rejection.
 
 Every image gets one row; the scores computed before it stopped are kept as evidence, the
 rest stay empty (None), so a manifest reader can tell "not measured" from "measured low".
-Deduplication needs all survivors at once and runs afterwards (see ``pipelines.curate``).
+Deduplication and balancing need all survivors at once and run afterwards (``pipelines.curate``).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
-from sapiens2.curation.dedup import PhashScorer
-from sapiens2.curation.person import PersonDetector
-from sapiens2.curation.quality import QualityScorer
-from sapiens2.curation.size import SizeScorer
-from sapiens2.curation.text import TextOverlayScorer
+from sapiens2.curation.embed import build_embedder
+from sapiens2.curation.stages import build_stages
 
-REASONS = ("unreadable", "too_small", "low_quality", "text_overlay", "no_person", "duplicate")
+REASONS = ("unreadable", "too_small", "low_quality", "text_overlay", "no_person", "duplicate", "over_represented")
 SCORE_COLUMNS = ("width", "height", "short_side", "sharpness", "brightness", "clipped_fraction",
-                 "text_score", "person_score", "num_persons", "person_area", "phash")
+                 "text_score", "person_score", "num_persons", "person_area", "phash", "sha256")
+
+
+def file_sha256(path: str | Path) -> str:
+    """Content hash of the file's bytes: equal hashes are exact copies, whatever their names."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class FilterChain:
-    """Decode, score and judge one file against a ``CurationConfig``.
+    """Decode, score and judge files against a ``CurationConfig``, one batch at a time.
 
     Holds OpenCV detectors, so it is not picklable: build one per worker process.
     """
 
     def __init__(self, config: CurationConfig) -> None:
         self.config = config
-        self.size = SizeScorer()
-        self.quality = QualityScorer()
-        self.text = TextOverlayScorer()
-        self.person = PersonDetector(config.person)
-        self.phash = PhashScorer(config.phash_size)
+        self.stages = build_stages(config)
+        extra = [c for stage in self.stages for c in stage.columns if c not in SCORE_COLUMNS]
+        self.columns = (*SCORE_COLUMNS, *dict.fromkeys(extra))
+        self.embedder = build_embedder(config.embedding) if config.needs_embeddings else None
 
-    def _quality_problem(self, s: dict[str, Any]) -> str | None:
-        # Exposure first: a black or blown-out frame is flat too, but "exposure" says why.
-        cfg = self.config
-        lo, hi = cfg.brightness_range
-        if not lo <= s["brightness"] <= hi:
-            return f"exposure: brightness {s['brightness']:.1f} outside [{lo}, {hi}]"
-        if s["clipped_fraction"] > cfg.max_clipped_fraction:
-            return f"exposure: clipped fraction {s['clipped_fraction']:.3f} > {cfg.max_clipped_fraction}"
-        if s["sharpness"] < cfg.min_sharpness:
-            return f"blurred: sharpness {s['sharpness']:.1f} < {cfg.min_sharpness}"
-        return None
+    def assess_batch(self, paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+        """Manifest rows (without id, paths, dedup, cluster and split columns) for ``paths``.
+
+        Each stage scores the images still alive as one batch, so batched model stages pay one
+        call per batch, and rejected images are never scored by later (costlier) stages.
+        """
+        rows = [dict.fromkeys(self.columns) | {"status": "kept", "reason": None, "detail": None} for _ in paths]
+        images = {}
+        for i, path in enumerate(paths):
+            try:
+                rows[i]["sha256"] = file_sha256(path)
+            except OSError as exc:
+                rows[i] |= {"status": "quarantined", "reason": "unreadable", "detail": f"unreadable: {exc}"}
+                continue
+            decoded = decode_image(path, self.config.max_pixels)
+            if decoded.ok:
+                images[i] = decoded.image
+            else:
+                rows[i] |= {"status": "quarantined", "reason": "unreadable", "detail": decoded.error}
+        for stage in self.stages:
+            alive = list(images)
+            if not alive:
+                break
+            scores = stage.score([images[i] for i in alive])
+            for k, i in enumerate(alive):
+                rows[i].update({col: values[k] for col, values in scores.items()})
+                detail = stage.judge(rows[i])
+                if detail is not None:
+                    rows[i] |= {"status": "rejected", "reason": stage.reason, "detail": detail}
+                    del images[i]
+        if self.embedder is not None and images:
+            # Survivors are embedded here, while decoded, for the global dedup and balance passes;
+            # the "_embedding" entry never reaches the manifest.
+            for i, vector in zip(images, self.embedder(list(images.values()))):
+                rows[i]["_embedding"] = vector
+        return rows
 
     def assess(self, path: str | Path) -> dict[str, Any]:
-        """One manifest row (without id, paths, dedup and split columns) for the file at ``path``."""
-        cfg = self.config
-        row: dict[str, Any] = dict.fromkeys(SCORE_COLUMNS) | {"status": "kept", "reason": None, "detail": None}
-
-        def reject(reason: str, detail: str, status: str = "rejected") -> dict[str, Any]:
-            return row | {"status": status, "reason": reason, "detail": detail}
-
-        decoded = decode_image(path, cfg.max_pixels)
-        if not decoded.ok:
-            return reject("unreadable", decoded.error, status="quarantined")
-        image = decoded.image
-        row.update(self.size(image))
-        if row["short_side"] < cfg.min_short_side:
-            return reject("too_small", f"short side {row['short_side']:.0f} < {cfg.min_short_side}")
-        row.update(self.phash(image))
-        row.update(self.quality(image))
-        problem = self._quality_problem(row)
-        if problem is not None:
-            return reject("low_quality", problem)
-        row.update(self.text(image))
-        if row["text_score"] > cfg.max_text_score:
-            return reject("text_overlay", f"text score {row['text_score']:.3f} > {cfg.max_text_score}")
-        row.update(self.person(image))
-        if row["num_persons"] < 1:
-            return reject("no_person", f"no prominent person (best HOG margin {row['person_score']:.2f})")
-        return row
+        """One manifest row for the file at ``path``."""
+        return self.assess_batch([path])[0]
