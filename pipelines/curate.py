@@ -287,7 +287,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     summary = curate(args.input, args.output, config)
     console = Console()
     console.print(summary_table(summary))
-    console.print(f"{summary.images_per_second:.1f} images/s; manifest: {summary.manifest_path}")
+    console.print(f"{summary.images_per_second:.1f} images/s; manifest: {summary.manifest_path}; "
+                  f"report: {summary.report_path}")
     return 0
 
 
