@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -33,10 +32,9 @@ from tqdm import tqdm
 
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
-from sapiens2.curation.balance import balanced_sample, hierarchical_clusters
-from sapiens2.curation.dedup import Keypoints, candidate_pairs, group_duplicates, orb_keypoints, similarity_inliers
-from sapiens2.curation.embed import near_duplicate_pairs
+from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
+from sapiens2.curation.passes import balance, deduplicate
 from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
@@ -118,87 +116,6 @@ def _map(pool: Pool | None, fn: Callable, items: Sequence, desc: str) -> list:
     return list(tqdm(results, **bar))
 
 
-def _priority(rows: list[dict[str, Any]], alive: list[int]) -> Callable[[int], tuple]:
-    def priority(k: int) -> tuple:
-        # A labelled copy beats a bigger unlabelled one (it serves the task heads too); then the
-        # largest image; then the path, so equal copies resolve the same way on every run.
-        row = rows[alive[k]]
-        return (not row["has_labels"], -row["width"] * row["height"], row["source_path"])
-    return priority
-
-
-def _deduplicate(rows: list[dict[str, Any]], files: list[Path], config: CurationConfig, pool: Pool | None) -> None:
-    """Mark all but one member of each duplicate group among the kept rows, in place.
-
-    Three passes, each over the representatives the previous one left: exact content hash,
-    perceptual hash (+ ORB verification), then embedding cosine when configured. Their edges
-    form one graph, so a group found in several passes still has one representative.
-    """
-    alive = [i for i, row in enumerate(rows) if row["status"] == "kept"]
-    priority = _priority(rows, alive)
-    edges: list[tuple[int, int, str]] = []
-    by_hash: dict[str, list[int]] = {}
-    for k, i in enumerate(alive):
-        by_hash.setdefault(rows[i]["sha256"], []).append(k)
-    for members in by_hash.values():
-        rep = min(members, key=priority)
-        edges.extend((rep, k, "identical sha256") for k in members if k != rep)
-    survivors = sorted(min(members, key=priority) for members in by_hash.values())
-
-    pairs = [(survivors[a], survivors[b], d)
-             for a, b, d in candidate_pairs([rows[alive[k]]["phash"] for k in survivors], config.phash_hamming)]
-    if config.dup_verify and pairs:
-        involved = sorted({k for i, j, _ in pairs for k in (i, j)})
-        keypoints = dict(zip(involved, _map(pool, _keypoints, [files[alive[k]] for k in involved], "dedup")))
-        checked = [(i, j, d, similarity_inliers(keypoints[i], keypoints[j])) for i, j, d in pairs]
-        edges += [(i, j, f"hamming {d}, {n} ORB inliers") for i, j, d, n in checked if n >= config.dup_min_inliers]
-    else:
-        edges += [(i, j, f"hamming {d}") for i, j, d in pairs]
-
-    if config.embedding.near_dup_cosine is not None:
-        groups = group_duplicates(len(alive), [(i, j) for i, j, _ in edges], priority)
-        left = [k for k in range(len(alive)) if not groups.is_duplicate(k)]
-        vectors = np.stack([rows[alive[k]]["_embedding"] for k in left]) if left else np.zeros((0, 1), np.float32)
-        edges += [(left[a], left[b], f"embedding cosine {c:.3f}")
-                  for a, b, c in near_duplicate_pairs(vectors, config.embedding.near_dup_cosine)]
-
-    groups = group_duplicates(len(alive), [(i, j) for i, j, _ in edges], priority)
-    evidence = {frozenset((i, j)): why for i, j, why in edges}
-    for k, i in enumerate(alive):
-        rep = groups.representative[k]
-        if rep is None:
-            continue
-        rows[i]["dup_group"] = rows[alive[rep]]["id"]
-        if rep != k:
-            why = evidence.get(frozenset((k, rep)), "via other group members")
-            rows[i] |= {"status": "rejected", "reason": "duplicate",
-                        "detail": f"duplicate of {rows[alive[rep]]['id']} ({why})"}
-
-
-def _balance(rows: list[dict[str, Any]], config: CurationConfig) -> dict[str, list[int]] | None:
-    """Cluster the kept rows and sample them down to ``balance.target_size``, in place.
-
-    Returns the leaf-cluster sizes before and after sampling (None when balancing is off).
-    """
-    target = config.balance.target_size
-    if target is None:
-        return None
-    alive = [i for i, row in enumerate(rows) if row["status"] == "kept"]
-    vectors = np.stack([rows[i]["_embedding"] for i in alive]) if alive else np.zeros((0, 1), np.float32)
-    clusters = hierarchical_clusters(vectors, config.balance)
-    keep = balanced_sample([rows[i]["id"] for i in alive], clusters, target, config.balance.seed)
-    for k, i in enumerate(alive):
-        leaf, top = int(clusters.leaf[k]), int(clusters.top[k])
-        rows[i] |= {"cluster": leaf, "cluster_top": top}
-        if not keep[k]:
-            rows[i] |= {"status": "rejected", "reason": "over_represented",
-                        "detail": f"cluster {leaf} (top {top}) is over its share of target_size {target}"}
-    n_leaf = len(clusters.top_of_leaf)
-    return {"before": np.bincount(clusters.leaf, minlength=n_leaf).tolist(),
-            "after": np.bincount(clusters.leaf[keep], minlength=n_leaf).tolist(),
-            "top_of_leaf": clusters.top_of_leaf.tolist()}
-
-
 def _write_outputs(rows: list[dict[str, Any]], files: list[Path], input_dir: Path, output_dir: Path) -> Path:
     for sub in ("images", "labels"):
         shutil.rmtree(output_dir / sub, ignore_errors=True)
@@ -240,8 +157,8 @@ def curate(input_dir: str | Path, output_dir: str | Path,
                     "source_path": path.relative_to(root).as_posix(), "dup_group": None,
                     "cluster": None, "cluster_top": None,
                     "has_labels": (input_dir / "labels" / f"{image_id}.npz").is_file()}
-        _deduplicate(rows, files, config, pool)
-    cluster_sizes = _balance(rows, config)
+        deduplicate(rows, config, lambda idx: _map(pool, _keypoints, [files[i] for i in idx], "dedup"))
+    cluster_sizes = balance(rows, config)
     for row in rows:
         row["split"] = assign_split(row["id"], config.val_fraction) if row["status"] == "kept" else None
 
