@@ -38,7 +38,7 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
     """Decode, quarantine, filter (size, person, quality, text), dedup and split the raw pool."""
     ws, config = platform.ws, platform.config
     shutil.rmtree(ws.curated_dir, ignore_errors=True)
-    curate(ws.raw_dir, ws.curated_dir, config.curation)
+    summary = curate(ws.raw_dir, ws.curated_dir, config.curation)
     build_label_manifests(ws.curated_dir)
     manifest = pd.read_parquet(ws.curated_dir / "manifest.parquet")
     counts = manifest.fillna({"reason": "-"}).groupby(["status", "reason"]).size().reset_index(name="images")
@@ -46,7 +46,8 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
     status = manifest["status"].value_counts().to_dict()
     with RankZeroTracker(0, "curation", Lineage.from_env(ws.raw_dir), config.curation.model_dump(mode="json")) as tracker:
         tracker.log_metrics({f"images_{k}": float(v) for k, v in status.items()}, 0)
-        tracker.log_artifacts([plot, ws.curated_dir / "manifest.parquet"])
+        tracker.log_artifacts([plot, ws.curated_dir / "manifest.parquet", summary.report_path])
+        tracker.log_artifacts(sorted((summary.report_path.parent / "report").glob("*.png")), artifact_path="report")
     return dg.MaterializeResult(metadata={
         "inputs": len(manifest),
         **{k: int(v) for k, v in status.items()},
@@ -54,6 +55,8 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
         "val": int((manifest["split"] == "val").sum()),
         "status_and_reason": metadata.table(counts),
         "scores": metadata.image(plot, "curation scores"),
+        "report": dg.MetadataValue.md(summary.report_path.read_text()),
+        "report_path": dg.MetadataValue.path(str(summary.report_path)),
         "mlflow_run_id": tracker.run_id or "",
     })
 
