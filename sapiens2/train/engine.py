@@ -10,8 +10,11 @@ optimizer is torch's AdamW (`torch_adam`) because no DeepSpeed CPU Adam op is bu
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -19,8 +22,14 @@ import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import safe_set_full_fp32_param
 from torch import nn
+from torch.utils.cpp_extension import get_default_build_root
 
 from sapiens2.train.config import DeepSpeedSection, OptimSection
+
+log = logging.getLogger(__name__)
+# A JIT op build (DeepSpeed's shm comm op on CPU) takes about a minute; a lock file older than
+# this belongs to a build whose process was killed, and torch would wait on it forever.
+STALE_BUILD_LOCK_S = 600
 
 # DeepSpeed prints a throughput line every `steps_per_print` steps; our loop does its own logging.
 _NEVER = 2**31 - 1
@@ -30,6 +39,26 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def clear_stale_build_locks(max_age_s: float = STALE_BUILD_LOCK_S) -> list[Path]:
+    """Remove torch extension build locks older than `max_age_s`; returns the removed paths.
+
+    torch's FileBaton waits without a timeout for the `lock` file of a JIT build; a process
+    killed mid-build leaves it behind and every later DeepSpeed start hangs in `init_distributed`.
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    removed = []
+    for lock in root.glob("**/lock"):
+        try:
+            age = time.time() - lock.stat().st_mtime
+            if age > max_age_s:
+                lock.unlink()
+                removed.append(lock)
+                log.warning("removed stale torch extension build lock %s (%.0f s old)", lock, age)
+        except FileNotFoundError:
+            continue  # another rank removed it or the build finished
+    return removed
 
 
 def init_distributed() -> tuple[int, int]:
@@ -47,6 +76,7 @@ def init_distributed() -> tuple[int, int]:
         if torch.cuda.is_available():
             get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        clear_stale_build_locks()
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
     return dist.get_rank(), dist.get_world_size()
 

@@ -119,3 +119,21 @@ def test_checkpoint_manager_cadence_and_latest_tag(tmp_path) -> None:
     (tmp_path / "latest").write_text("global_step750")
     with pytest.raises(ValueError, match="step_XXXXXXXX"):
         manager.latest_step()
+
+
+def test_only_stale_torch_extension_build_locks_are_removed(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    from sapiens2.train.engine import clear_stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    fresh = tmp_path / "py311_cpu" / "other_op" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    assert clear_stale_build_locks(max_age_s=600) == [stale]
+    assert not stale.exists() and fresh.exists()
