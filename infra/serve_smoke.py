@@ -91,7 +91,10 @@ def served(model_uri: str, tracking_uri: str, log: Path, host: str = "127.0.0.1"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri})
+                                env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri,
+                                     # mlflow execs `uvicorn` by name: find it in this venv even when
+                                     # the venv is not activated (make test calls .venv/bin/pytest).
+                                     "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
     base = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + timeout_s
