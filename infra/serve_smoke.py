@@ -70,15 +70,36 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else "(no log)"
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a member we cannot signal is still a member
+        return True
+    return True
+
+
 def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """SIGTERM the server's process group (uvicorn and its workers), SIGKILL it after `grace_s`."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """SIGTERM the server's process group (mlflow, uvicorn and its workers); SIGKILL what is left after
+    `grace_s`. Returns only once every member has exited: the mlflow CLI exits before uvicorn lets go of
+    the port, so waiting on the CLI alone leaves the port listening for a moment."""
+    pgid = proc.pid  # start_new_session=True: the CLI leads its own group
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while True:
+        proc.poll()  # reap the CLI so it does not linger as a zombie member
+        if not _group_alive(pgid):
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10.0
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @contextmanager
