@@ -11,9 +11,11 @@ gone for longer than the retries) is restarted a few times before giving up.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import boto3
@@ -111,3 +113,71 @@ def upload_verified(path: str | Path, key: str, settings: ServiceSettings | None
             time.sleep(2.0 * attempt)
     stored_etag = _verify(s3, settings.bucket, full_key, size, sha256, etag)
     return StoredObject(f"s3://{settings.bucket}/{full_key}", size, sha256, stored_etag)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
+
+CHECKPOINT_STORE_ENV = "SAPIENS2_CHECKPOINT_STORE"
+MANIFEST = "checkpoint.json"
+
+
+def checkpoint_store(settings: ServiceSettings | None = None) -> ServiceSettings | None:
+    """Settings whose bucket and prefix are `$SAPIENS2_CHECKPOINT_STORE` (`s3://bucket/prefix`);
+    None when it is unset (the embedded defaults keep checkpoints in the DVC remote only)."""
+    uri = os.environ.get(CHECKPOINT_STORE_ENV, "").strip()
+    if not uri:
+        return None
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket:
+        raise ValueError(f"${CHECKPOINT_STORE_ENV}={uri!r}: expected s3://<bucket>[/<prefix>]")
+    return replace(settings or ServiceSettings.load(), bucket=bucket, prefix=prefix.strip("/"))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    uri: str  # the manifest's URI: the checkpoint exists once, and only once, this object does
+    files: tuple[StoredObject, ...]
+
+
+def publish_checkpoint(files: list[Path], key: str, settings: ServiceSettings, *, s3=None,
+                       part_size: int = 8 * MIB, extra: dict | None = None) -> Checkpoint:
+    """Upload `files` under `<prefix>/<key>/`, each verified, then write `checkpoint.json` last.
+
+    The manifest (file names, sizes, sha256, ETags) is the record: a reader takes a prefix as a
+    checkpoint only when it exists, so an upload that fails part-way never looks like one. On
+    failure the objects already stored under the key are deleted and the error propagates.
+    """
+    s3 = s3 or client(settings)
+    missing = [str(p) for p in files if not Path(p).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint files missing: {', '.join(missing)}")
+    stored: list[StoredObject] = []
+    try:
+        for path in files:
+            stored.append(upload_verified(path, f"{key}/{Path(path).name}", settings, part_size=part_size, s3=s3))
+            log.info("checkpoint part %s: %d bytes verified", stored[-1].uri, stored[-1].size)
+        manifest = {"files": [{"name": Path(o.uri).name, "size": o.size, "sha256": o.sha256, "etag": o.etag}
+                              for o in stored], **(extra or {})}
+        manifest_key = settings.key(key, MANIFEST)
+        s3.put_object(Bucket=settings.bucket, Key=manifest_key, Body=json.dumps(manifest, indent=1).encode(),
+                      ContentType="application/json")
+    except Exception:
+        for obj in stored:
+            s3.delete_object(Bucket=settings.bucket, Key=obj.uri.removeprefix(f"s3://{settings.bucket}/"))
+        raise
+    return Checkpoint(f"s3://{settings.bucket}/{manifest_key}", tuple(stored))
+
+
+def read_checkpoint(uri: str, settings: ServiceSettings | None = None, *, s3=None) -> dict:
+    """The manifest of a published checkpoint (`s3://.../checkpoint.json`); FileNotFoundError naming
+    the URI when there is none (the upload never finished)."""
+    settings = settings or ServiceSettings.load()
+    s3 = s3 or client(settings)
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(f"{uri}: no checkpoint manifest (an unfinished or failed upload)") from exc
+        raise
+    return json.loads(body)

@@ -118,14 +118,34 @@ def load_curated_sample(
     if not label_path.is_file():
         raise ValueError(f"{label_path}: missing label file for image {image_file}")
     with np.load(label_path) as npz:
-        wanted = list(npz.files if fields is None else fields)
-        absent = [f for f in wanted if f not in npz.files]
-        if absent:
-            raise ValueError(f"{label_path}: missing field(s) {absent}")
-        labels = {f: npz[f] for f in wanted}
-    height, width = bgr.shape[:2]
-    validate_labels(labels, height, width, num_keypoints, num_classes, str(label_path))
-    return {"id": sample_id, "image": cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), **labels}
+        return labelled_sample(
+            sample_id, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), npz, fields, num_keypoints,
+            num_classes, str(label_path),
+        )
+
+
+def labelled_sample(
+    sample_id: str,
+    image: np.ndarray,
+    npz: np.lib.npyio.NpzFile,
+    fields: Sequence[str] | None,
+    num_keypoints: int,
+    num_classes: int,
+    where: str,
+) -> dict[str, Any]:
+    """The sample dict of an RGB image and the label arrays of `npz`, validated against it.
+
+    fields=None takes every array; otherwise each named field must be there. Errors start
+    with `where`.
+    """
+    wanted = list(npz.files if fields is None else fields)
+    absent = [f for f in wanted if f not in npz.files]
+    if absent:
+        raise ValueError(f"{where}: missing field(s) {absent}")
+    labels = {f: npz[f] for f in wanted}
+    height, width = image.shape[:2]
+    validate_labels(labels, height, width, num_keypoints, num_classes, where)
+    return {"id": sample_id, "image": image, **labels}
 
 
 class CuratedDataset(Dataset):

@@ -149,3 +149,66 @@ class _Raw:
 
     def stream(self, **_):
         yield self._body
+
+
+def test_checkpoint_store_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(s3mod.CHECKPOINT_STORE_ENV, raising=False)
+    assert s3mod.checkpoint_store() is None
+    monkeypatch.setenv(s3mod.CHECKPOINT_STORE_ENV, "s3://team-bucket/exp/42/checkpoints/")
+    store = s3mod.checkpoint_store()
+    assert (store.bucket, store.prefix) == ("team-bucket", "exp/42/checkpoints")
+    assert store.s3_uri("pretrain", "model.safetensors") == "s3://team-bucket/exp/42/checkpoints/pretrain/model.safetensors"
+    monkeypatch.setenv(s3mod.CHECKPOINT_STORE_ENV, "/local/folder")
+    with pytest.raises(ValueError, match="SAPIENS2_CHECKPOINT_STORE.*s3://<bucket>"):
+        s3mod.checkpoint_store()
+
+
+def test_checkpoint_published_through_an_outage_has_its_manifest_last(moto_s3, tmp_path: Path) -> None:
+    moto, settings = moto_s3
+    s3 = s3mod.client(settings)
+    outage = {"done": False}
+
+    def stop_after_first_part(**_):
+        if not outage["done"]:
+            outage["done"] = True
+            moto.stop()
+            threading.Timer(1.5, moto.start).start()
+
+    s3.meta.events.register("after-call.s3.UploadPart", stop_after_first_part)
+    weights, spec = _file(tmp_path, 12 * MIB), tmp_path / "model.json"
+    spec.write_text('{"task": "pose"}')
+    ckpt = s3mod.publish_checkpoint([weights, spec], "finetune/pose/run-1", settings, s3=s3, part_size=5 * MIB,
+                                    extra={"asset": "finetuned_pose"})
+    assert outage["done"]
+    assert ckpt.uri == f"s3://{settings.bucket}/team/run1/finetune/pose/run-1/checkpoint.json"
+    manifest = s3mod.read_checkpoint(ckpt.uri, settings)
+    assert manifest["asset"] == "finetuned_pose"
+    assert [(f["name"], f["size"]) for f in manifest["files"]] == [(weights.name, 12 * MIB), ("model.json", 16)]
+    assert manifest["files"][0]["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    listing = s3.list_objects_v2(Bucket=settings.bucket, Prefix="team/run1/finetune/pose/run-1/")
+    assert sorted(o["Key"].rsplit("/", 1)[1] for o in listing["Contents"]) == sorted(
+        [weights.name, "model.json", "checkpoint.json"])
+
+
+def test_checkpoint_failing_part_way_leaves_no_record(moto_s3, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _, settings = moto_s3
+    real, calls = s3mod.upload_verified, []
+
+    def second_upload_fails(path, key, *args, **kwargs):
+        calls.append(key)
+        if len(calls) == 2:
+            raise s3mod.UploadVerificationError(f"s3://{settings.bucket}/{key}: size differs; object deleted")
+        return real(path, key, *args, **kwargs)
+
+    monkeypatch.setattr(s3mod, "upload_verified", second_upload_fails)
+    first, second = _file(tmp_path, 6 * MIB), tmp_path / "model.json"
+    second.write_text("{}")
+    with pytest.raises(s3mod.UploadVerificationError, match="size differs"):
+        s3mod.publish_checkpoint([first, second], "pretrain/run-2", settings, part_size=5 * MIB)
+    s3 = s3mod.client(settings)
+    assert s3.list_objects_v2(Bucket=settings.bucket, Prefix="team/run1/pretrain/").get("KeyCount") == 0
+    with pytest.raises(FileNotFoundError, match="no checkpoint manifest"):
+        s3mod.read_checkpoint(f"s3://{settings.bucket}/team/run1/pretrain/run-2/checkpoint.json", settings)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        s3mod.publish_checkpoint([tmp_path / "absent.safetensors"], "pretrain/run-3", settings)

@@ -4,16 +4,19 @@ rejects malformed labels with the file and field in the message."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import cv2
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipelines.cli import main as cli
 from sapiens2.data.dataset import CuratedDataset
 from sapiens2.data.formats import (read_coco, read_dense, read_manifest, read_seglabels,
-                                   write_coco, write_dense, write_manifest)
+                                   read_shards, write_coco, write_dense, write_manifest,
+                                   write_shards)
 from sapiens2.data.formats.export import export_curated
 from sapiens2.data.synth import render_person
 
@@ -91,6 +94,36 @@ def test_dense_round_trip(people, tmp_path, normal_suffix):
     # the reference convention puts pixel centres at integers: cx is 0.5 less on disk
     on_disk = np.loadtxt(tmp_path / "camera_intrinsics" / "p0.txt")
     assert on_disk[0, 2] == pytest.approx(people[0]["K"][0, 2] - 0.5)
+
+
+def test_shards_round_trip(curated, tmp_path):
+    rows = pd.read_parquet(curated / "manifest.parquet")
+    splits = dict(zip(rows["id"], rows["split"], strict=True))
+    assert write_shards(read_manifest(curated), tmp_path, splits, shard_size=2) == 4
+    index = json.loads((tmp_path / "shards.json").read_text())
+    assert [s["file"] for s in index["shards"]] == [
+        "shards/train-00000.parquet", "shards/train-00001.parquet", "shards/val-00000.parquet"]
+    assert [s["rows"] for s in index["shards"]] == [2, 1, 1]
+    assert index["counts"] == {"train": 3, "val": 1}
+    expected = by_id(read_manifest(curated))
+    read = by_id(read_shards(tmp_path))
+    assert sorted(read) == sorted(expected)
+    for sample_id, sample in expected.items():
+        got = read[sample_id]
+        assert sorted(got) == sorted(sample)
+        for field in set(sample) - {"id"}:
+            assert got[field].dtype == sample[field].dtype, field
+            assert np.array_equal(got[field], sample[field]), field
+        assert got["normal"].dtype == np.float16
+    assert [s["id"] for s in read_shards(tmp_path, "train")] == ["p0", "p1", "p2"]
+    assert [s["id"] for s in read_shards(tmp_path, "val")] == ["p3"]
+    assert sorted(next(read_shards(tmp_path, fields=("seg",)))) == ["id", "image", "seg"]
+    assert export_curated(curated, "shards", tmp_path / "export") == 4  # keeps the manifest's splits
+    assert json.loads((tmp_path / "export" / "shards.json").read_text())["counts"] == {"train": 3, "val": 1}
+    assert [s["id"] for s in read_shards(tmp_path / "export", "val")] == ["p3"]
+    assert cli(["export", "--curated", str(curated), "--format", "shards", "--split", "val",
+                "--output", str(tmp_path / "cli")]) == 0
+    assert [s["id"] for s in read_shards(tmp_path / "cli", "val")] == ["p3"]
 
 
 def test_export_verb(curated, tmp_path):
@@ -210,3 +243,50 @@ def test_manifest_rejects_wrong_keypoint_count(people, tmp_path):
     write_manifest([bad], tmp_path)
     with pytest.raises(ValueError, match=r"labels/p0\.npz: field 'keypoints' has shape \(15, 3\)"):
         list(read_manifest(tmp_path))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda p: dict(p, keypoints=p["keypoints"][:15]),
+     r"shards/train-00000\.parquet: row p1: field 'keypoints' has shape \(15, 3\)"),
+    (lambda p: dict(p, seg=np.full_like(p["seg"], 40)),
+     r"shards/train-00000\.parquet: row p1: field 'seg' has class ids \[40\]"),
+    (lambda p: dict(p, seg=p["seg"][:-2]),
+     r"shards/train-00000\.parquet: row p1: field 'seg' has shape \(62, 48\)"),
+    (lambda p: dict(p, mask=p["mask"][:, :-1]),
+     r"shards/train-00000\.parquet: row p1: field 'mask' has shape \(64, 47\)"),
+])
+def test_shards_reject_malformed_labels(people, tmp_path, damage, message):
+    write_shards([damage(p) if p["id"] == "p1" else p for p in people], tmp_path, shard_size=2)
+    with pytest.raises(ValueError, match=message):
+        list(read_shards(tmp_path))
+
+
+def test_shards_reject_damaged_files_and_missing_index(people, tmp_path):
+    write_shards(people, tmp_path, shard_size=2)
+    shard = tmp_path / "shards" / "train-00001.parquet"
+    data = shard.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=r"shards/train-00001\.parquet: field 'sha256' in "
+                                         r"shards\.json says [0-9a-f]{64}, the file has"):
+        list(read_shards(tmp_path))
+    shard.write_bytes(data[:-1])
+    with pytest.raises(ValueError, match=r"shards/train-00001\.parquet: field 'bytes' in "
+                                         rf"shards\.json says {len(data)}, the file has"):
+        list(read_shards(tmp_path))
+
+    shard.write_bytes(data)
+    rows = pd.read_parquet(shard)
+    rows.loc[1, "labels"] = rows.loc[0, "labels"]
+    rows.to_parquet(shard, index=False)
+    index = json.loads((tmp_path / "shards.json").read_text())
+    index["shards"][1].update(bytes=shard.stat().st_size,
+                              sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (tmp_path / "shards.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"shards/train-00001\.parquet: row p3: field 'sha256'"):
+        list(read_shards(tmp_path))
+
+    (tmp_path / "shards.json").unlink()
+    with pytest.raises(ValueError, match=r"shards\.json: missing index"):
+        list(read_shards(tmp_path))

@@ -24,6 +24,14 @@ MANIFEST = "manifest.parquet"
 LABEL_FIELDS = ("keypoints", "seg", "mask", "normal", "pointmap", "albedo", "K", "bbox")
 
 
+def stored_labels(sample: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The label arrays of `sample` as our formats store them (normals as float16)."""
+    labels = {k: sample[k] for k in LABEL_FIELDS if k in sample}
+    if "normal" in labels:
+        labels["normal"] = labels["normal"].astype(np.float16)
+    return labels
+
+
 def read_manifest(
     root: str | Path,
     split: str | None = None,
@@ -71,10 +79,7 @@ def write_manifest(
         sample_id = str(sample["id"])
         path = f"images/{sample_id}.png"
         write_png(output_dir / path, sample["image"])
-        labels = {k: sample[k] for k in LABEL_FIELDS if k in sample}
-        if "normal" in labels:
-            labels["normal"] = labels["normal"].astype(np.float16)
-        write_label_arrays(output_dir / "labels" / f"{sample_id}.npz", labels)
+        write_label_arrays(output_dir / "labels" / f"{sample_id}.npz", stored_labels(sample))
         rows.append({
             "id": sample_id, "path": path, "source_path": path, "status": "kept", "reason": None,
             "split": split if isinstance(split, str) else split[sample_id], "has_labels": True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import zipfile
 from pathlib import Path
+from typing import IO
 
 import cv2
 import numpy as np
@@ -15,7 +16,7 @@ LABEL_KEYS = ("keypoints", "seg", "mask", "normal", "pointmap", "albedo", "K", "
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: np.savez stamps the current time
 
 
-def write_label_arrays(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
+def write_label_arrays(path: str | Path | IO[bytes], arrays: dict[str, np.ndarray]) -> None:
     """Write named arrays as an npz whose bytes depend only on the arrays (fixed timestamps)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for key, array in arrays.items():
