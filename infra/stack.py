@@ -69,6 +69,7 @@ def client_env(settings: ServiceSettings) -> dict[str, str]:
     env = settings.with_endpoint(endpoint).aws_env()
     env["MLFLOW_TRACKING_URI"] = f"http://{settings.host}:{settings.mlflow_port}"
     env["SAPIENS2_DVC_REMOTE"] = settings.s3_uri("dvc")
+    env["SAPIENS2_CHECKPOINT_STORE"] = settings.s3_uri("checkpoints")  # final weights, verified (pipelines/s3.py)
     env["DAGSTER_HOME"] = str(dagster_home())
     return env
 

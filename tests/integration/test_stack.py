@@ -90,6 +90,7 @@ def test_stack_up_artifacts_on_s3_port_taken_down(tmp_path: Path, monkeypatch: p
                        for line in (tmp_path / "stack" / "env").read_text().splitlines())
         assert oct((tmp_path / "stack" / "env").stat().st_mode)[-3:] == "600"
         assert exports["SAPIENS2_DVC_REMOTE"] == "s3://stack-test/team/dvc"
+        assert exports["SAPIENS2_CHECKPOINT_STORE"] == "s3://stack-test/team/checkpoints"
         mlflow.set_tracking_uri(exports["MLFLOW_TRACKING_URI"])
         mlflow.set_experiment("stack-test")
         with mlflow.start_run() as run:

@@ -190,4 +190,5 @@ def test_mlflow_deployment_uses_postgres_secret_and_the_bucket(objects: list[dic
     destination = container["command"][container["command"].index("--artifacts-destination") + 1]
     prefix = f"s3://{services['SAPIENS2_S3_BUCKET']}/{services['SAPIENS2_S3_PREFIX']}"
     assert destination == f"{prefix}/mlflow" and services["SAPIENS2_DVC_REMOTE"] == f"{prefix}/dvc"
+    assert services["SAPIENS2_CHECKPOINT_STORE"] == f"{prefix}/checkpoints"
     assert services["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
