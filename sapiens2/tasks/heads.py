@@ -5,8 +5,10 @@
   (normal, albedo and the pointmap's canonical XYZ: 16x).
 - `ScaleBranch`: the pointmap head's global regressor of s = f_canonical / f_x.
 
-"reference" widths follow the facts for the 0.4b/0.8b models; "tiny" widths are 1/8 to 1/16 of
-them so a 2-core CPU fine-tunes the demo models (128x96 images) at well under a second a step.
+"reference" widths follow the facts for the 0.4b/0.8b models, with the sizes whose heads the
+facts give other widths (pose for 1b, the pixel-shuffle decoders for 5b) looked up by the
+backbone's width; "tiny" widths are 1/8 to 1/16 of them so a 2-core CPU fine-tunes the demo
+models (128x96 images) at well under a second a step.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ POSE_WIDTHS = {
     "reference": DeconvWidths(deconv=(1024, 768), convs=(512, 512, 256)),
     "tiny": DeconvWidths(deconv=(128, 96), convs=(64, 64, 32)),
 }
+# Reference widths that differ by model size, keyed by the backbone's embed_dim.
+POSE_WIDTHS_BY_EMBED_DIM = {1536: DeconvWidths(deconv=(1536, 1024), convs=(768, 512, 256))}  # 1b
 SEG_WIDTHS = {
     "reference": DeconvWidths(deconv=(512, 256, 128, 64), convs=(64, 64)),
     "tiny": DeconvWidths(deconv=(64, 32, 16, 16), convs=(16, 16)),
@@ -51,6 +55,9 @@ SEG_WIDTHS = {
 PIXEL_SHUFFLE_WIDTHS = {
     "reference": PixelShuffleWidths(upsample=(768, 512, 256, 128), convs=(64, 32, 16)),
     "tiny": PixelShuffleWidths(upsample=(64, 32, 16, 8), convs=(8, 8, 8)),
+}
+PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM = {
+    2432: PixelShuffleWidths(upsample=(1536, 768, 512, 256), convs=(128, 64, 32)),  # 5b
 }
 SCALE_BRANCH_WIDTHS = {
     "reference": ScaleBranchWidths(
@@ -60,6 +67,13 @@ SCALE_BRANCH_WIDTHS = {
     # tiny branch keeps the grid and averages every token instead.
     "tiny": ScaleBranchWidths(convs=(64, 32, 16), stride=1, pooled_grid=(1, 1), mlp=(32, 16)),
 }
+
+
+def select_widths(table: dict, scale: str, embed_dim: int, by_embed_dim: dict | None = None):
+    """The widths of `scale`; at "reference" scale a size-specific entry wins when there is one."""
+    if check_scale(scale) == "reference" and by_embed_dim and embed_dim in by_embed_dim:
+        return by_embed_dim[embed_dim]
+    return table[scale]
 
 
 class ChannelRMSNorm(nn.Module):
@@ -180,8 +194,8 @@ class PointmapHead(nn.Module):
 
     def __init__(self, in_channels: int, scale: str) -> None:
         super().__init__()
-        check_scale(scale)
-        self.decoder = PixelShuffleDecoder(in_channels, PIXEL_SHUFFLE_WIDTHS[scale], 3)
+        widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, in_channels, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
+        self.decoder = PixelShuffleDecoder(in_channels, widths, 3)
         self.scale_branch = ScaleBranch(in_channels, SCALE_BRANCH_WIDTHS[scale])
 
     def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -191,12 +205,14 @@ class PointmapHead(nn.Module):
 
 
 def build_deconv_head(
-    embed_dim: int, widths: dict[str, DeconvWidths], scale: str, out: int
+    embed_dim: int, widths: dict[str, DeconvWidths], scale: str, out: int,
+    by_embed_dim: dict[int, DeconvWidths] | None = None,
 ) -> DeconvHead:
-    return DeconvHead(embed_dim, widths[check_scale(scale)], out)
+    return DeconvHead(embed_dim, select_widths(widths, scale, embed_dim, by_embed_dim), out)
 
 
 def build_pixel_shuffle_head(
     embed_dim: int, scale: str, out: int, norm: str = "instance"
 ) -> PixelShuffleDecoder:
-    return PixelShuffleDecoder(embed_dim, PIXEL_SHUFFLE_WIDTHS[check_scale(scale)], out, norm)
+    widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, embed_dim, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
+    return PixelShuffleDecoder(embed_dim, widths, out, norm)

@@ -23,7 +23,7 @@ from torch import nn
 from sapiens2.keypoint_sets import get_keypoint_set
 from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS, COCO_SKELETON  # noqa: F401 (re-exported)
 from sapiens2.tasks.base import Task
-from sapiens2.tasks.heads import POSE_WIDTHS, build_deconv_head
+from sapiens2.tasks.heads import POSE_WIDTHS, POSE_WIDTHS_BY_EMBED_DIM, build_deconv_head
 from sapiens2.tasks.keypoint_codec import UDPHeatmapCodec, flip_heatmaps, flip_index
 
 COCO_STATS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
@@ -74,7 +74,7 @@ class PoseTask(Task):
         object.__setattr__(self, "_flip_index", flip_index(self.num_keypoints, self.flip_pairs))
 
     def build_head(self, embed_dim: int, scale: str) -> nn.Module:
-        return build_deconv_head(embed_dim, POSE_WIDTHS, scale, self.num_keypoints)
+        return build_deconv_head(embed_dim, POSE_WIDTHS, scale, self.num_keypoints, POSE_WIDTHS_BY_EMBED_DIM)
 
     def codec(
         self, heatmap_size: tuple[int, int], input_size: tuple[int, int] | None = None

@@ -143,6 +143,26 @@ def test_reference_widths_follow_the_facts(reference_heads):
     assert [(m.in_features, m.out_features) for m in linears] == [(6144, 512), (512, 128), (128, 1)]
 
 
+def test_reference_widths_per_model_size():
+    """1b pose and 5b pixel-shuffle heads have their own widths in the facts; built on the meta
+    device (shapes only, no memory)."""
+    with torch.device("meta"):
+        pose_1b = get_task("pose").build_head(1536, "reference")
+        pose_08b = get_task("pose").build_head(1280, "reference")
+        dense_5b = {name: get_task(name).build_head(2432, "reference") for name in ("normal", "albedo", "pointmap")}
+        normal_1b = get_task("normal").build_head(1536, "reference")
+    assert [m.out_channels for m in pose_1b.modules() if isinstance(m, nn.ConvTranspose2d)] == [1536, 1024]
+    assert [m.out_channels for m in pose_1b.layers if isinstance(m, nn.Conv2d)] == [768, 512, 256]
+    assert [m.out_channels for m in pose_08b.modules() if isinstance(m, nn.ConvTranspose2d)] == [1024, 768]
+    for name, head in dense_5b.items():
+        decoder = head.decoder if name == "pointmap" else head
+        before_shuffle = [m.out_channels // 4 for m, nxt in zip(decoder.layers, decoder.layers[1:])
+                          if isinstance(nxt, nn.PixelShuffle)]
+        assert before_shuffle == [1536, 768, 512, 256], name
+        assert decoder.out.in_channels == 32, name
+    assert normal_1b.out.in_channels == 16
+
+
 def test_build_task_model_picks_scale_from_embed_dim():
     tiny = build_task_model("seg", StandInBackbone(128))
     ref = build_task_model("seg", StandInBackbone(768))
