@@ -12,7 +12,7 @@ from pipelines.curate import curate
 from pipelines.dataset_stats import build_label_manifests
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import curation_scores_png
-from pipelines.synth import synthesize
+from pipelines.synth import build_raw_pool
 from pipelines.validate import validate_curated
 
 SUITES = ("curated_manifest", "curated_counts", "labels_pose", "labels_seg", "labels_normal", "labels_pointmap", "labels_albedo")
@@ -21,14 +21,16 @@ TRANSIENT = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIA
 
 @dg.asset(group_name="curation", retry_policy=TRANSIENT, kinds={"python", "dvc"})
 def raw_pool(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource) -> dg.MaterializeResult:
-    """The raw image pool: synthetic people with labels for all five tasks, plus web-pool distractors."""
-    ws = platform.ws
+    """The raw image pool: fetched from `raw_source` (an S3 prefix or a folder) when configured,
+    else synthetic people with labels for all five tasks plus web-pool distractors."""
+    ws, source = platform.ws, platform.config.raw_source
     shutil.rmtree(ws.raw_dir, ignore_errors=True)
-    labels = synthesize(ws.raw_dir, platform.config)
+    counts = build_raw_pool(ws.raw_dir, platform.config)
     md5 = dvc.commit(ws, "synth", ws.raw_dir)
-    kinds = labels["kind"].value_counts().rename_axis("kind").reset_index(name="images")
+    kinds = pd.DataFrame({"kind": list(counts), "images": list(counts.values())})
     return dg.MaterializeResult(
-        metadata={"images": len(labels), "kinds": metadata.table(kinds), "dvc_md5": md5},
+        metadata={"images": sum(counts.values()), "kinds": metadata.table(kinds), "dvc_md5": md5,
+                  "source": source or "synthetic"},
         data_version=dg.DataVersion(md5),
     )
 

@@ -2,7 +2,9 @@
 
 Each asset starts `python -m pipelines.<step>` (which starts the torchrun ranks), streams rank 0's
 log lines and metadata back, then records the output folder with DVC. A retry resumes from the
-program's latest checkpoint; a fresh materialisation starts from an empty folder.
+program's latest checkpoint; a fresh materialisation starts from an empty folder. When a
+checkpoint store is configured (`$SAPIENS2_CHECKPOINT_STORE`, set by the stack) the final weights
+also go to S3 as a verified multipart upload, recorded by a manifest written last.
 """
 
 
@@ -12,9 +14,13 @@ from pathlib import Path
 
 import dagster as dg
 
+import mlflow
+
 from assets import metadata
 from assets.curation import versioned_dataset
 from assets.resources import DvcResource, PlatformResource
+from pipelines import s3 as s3store
+from pipelines import tracking
 from pipelines.config import TASK_NAMES
 
 TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
@@ -35,6 +41,33 @@ def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, 
     return dict(result.get_materialize_result().metadata)
 
 
+def _value(entry) -> str:
+    """A reported metadata entry as text (Pipes hands back MetadataValue objects)."""
+    return str(getattr(entry, "value", entry) or "")
+
+
+def publish_checkpoint(context: dg.AssetExecutionContext, platform: PlatformResource, files: list[Path],
+                       name: str, mlflow_run_id: str = "") -> dict:
+    """Upload `files` to the checkpoint store under `<name>/<dagster run id>/`; {} when none is set.
+
+    Nothing is recorded (metadata, MLflow tag) unless every file was verified and the manifest
+    written; an outage beyond the client's retries fails the step, whose retry policy reruns it.
+    """
+    settings = s3store.checkpoint_store()
+    if settings is None:
+        return {}
+    ckpt = s3store.publish_checkpoint(files, f"{name}/{context.run_id}", settings,
+                                      extra={"asset": context.asset_key.to_user_string(),
+                                             "dagster_run_id": context.run_id, "mlflow_run_id": mlflow_run_id})
+    context.log.info(f"checkpoint {ckpt.uri}: {len(ckpt.files)} files, "
+                     f"{sum(f.size for f in ckpt.files):,} bytes verified")
+    if mlflow_run_id:
+        uri = tracking.tracking_uri_for(platform.ws.root)
+        mlflow.MlflowClient(tracking_uri=uri).set_tag(mlflow_run_id, "checkpoint.uri", ckpt.uri)
+    return {"checkpoint_uri": dg.MetadataValue.text(ckpt.uri),
+            "checkpoint_sha256": dg.MetadataValue.text(ckpt.files[0].sha256)}
+
+
 @dg.asset(
     group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS,
     kinds={"pytorch", "deepspeed", "dvc"},
@@ -46,9 +79,11 @@ def pretrained_backbone(context: dg.AssetExecutionContext, platform: PlatformRes
     reported = launch(context, pipes_subprocess_client, platform, "pipelines.pretrain", ws.pretrain_dir,
                       ["--curated", str(ws.curated_dir)])
     md5 = dvc.commit(ws, "pretrain", ws.pretrain_dir)
+    stored = publish_checkpoint(context, platform, [ws.pretrain_dir / "backbone.safetensors", ws.pretrain_dir / "backbone.json"],
+                                "pretrain", _value(reported.get("mlflow_run_id")))
     return dg.MaterializeResult(
         metadata={
-            **reported, "dvc_md5": md5,
+            **reported, "dvc_md5": md5, **stored,
             "loss_curves": metadata.image(ws.pretrain_dir / "loss_curves.png", "losses"),
             "mae_reconstruction": metadata.image(ws.pretrain_dir / "mae_reconstruction.png", "MAE"),
         },
@@ -71,8 +106,10 @@ def finetune_asset(task: str) -> dg.AssetsDefinition:
         reported = launch(context, pipes_subprocess_client, platform, "pipelines.finetune", out,
                           ["--task", task, "--curated", str(ws.curated_dir), "--backbone", str(ws.pretrain_dir)])
         md5 = dvc.commit(ws, f"finetune@{task}", out)
+        stored = publish_checkpoint(context, platform, [out / "model.safetensors", out / "model.json"], f"finetune/{task}",
+                                    _value(reported.get("mlflow_run_id")))
         return dg.MaterializeResult(
-            metadata={**reported, "dvc_md5": md5, "loss_curve": metadata.image(out / "loss_curves.png", "loss")},
+            metadata={**reported, "dvc_md5": md5, **stored, "loss_curve": metadata.image(out / "loss_curves.png", "loss")},
             data_version=dg.DataVersion(md5),
         )
 

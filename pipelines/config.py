@@ -165,6 +165,9 @@ class PlatformConfig(_Section):
     # The keypoints the generator labels and pose trains on: the 17 COCO body points, or the
     # 308-point whole-body set of the reference models.
     keypoint_set: Literal["coco17", "sapiens308"] = "coco17"
+    # Where the raw pool comes from: None renders the synthetic pool (`synth`); otherwise an
+    # `s3://bucket/prefix` or a local folder holding `images/` (and `labels/<id>.npz` for the tasks).
+    raw_source: str | None = None
     synth: SynthConfig = SynthConfig()
     curation: CurationConfig = CurationConfig()
     pretrain: PretrainConfig = PretrainConfig()

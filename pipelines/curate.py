@@ -72,6 +72,31 @@ def list_inputs(input_dir: Path) -> list[Path]:
     return files
 
 
+def fetch_raw_pool(source: str, dest: str | Path) -> int:
+    """Replace `dest` with the raw pool at `source` (`s3://bucket/prefix` or a local folder), its
+    images under `dest/images/` (a source without an `images/` folder is all images); returns the
+    number of input files. The copy is staged beside `dest` and moved into place when complete."""
+    dest = Path(dest)
+    staging = dest.with_name(f".{dest.name}.fetching")
+    shutil.rmtree(staging, ignore_errors=True)
+    if source.startswith("s3://"):
+        from pipelines.s3 import download_prefix
+
+        download_prefix(source, staging)
+    elif Path(source).is_dir():
+        shutil.copytree(source, staging)
+    else:
+        raise FileNotFoundError(f"raw_source {source!r}: neither an s3:// URI nor a folder")
+    if not (staging / "images").is_dir():
+        entries = list(staging.iterdir())
+        (staging / "images").mkdir()
+        for entry in entries:
+            entry.rename(staging / "images" / entry.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+    return len(list_inputs(dest))
+
+
 def assign_split(image_id: str, val_fraction: float) -> str:
     """train or val from a hash of the id alone, so a row's split never changes between runs."""
     digest = int.from_bytes(hashlib.sha256(image_id.encode()).digest()[:8], "big")

@@ -127,10 +127,11 @@ def checkpoint_store(settings: ServiceSettings | None = None) -> ServiceSettings
     uri = os.environ.get(CHECKPOINT_STORE_ENV, "").strip()
     if not uri:
         return None
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    if not uri.startswith("s3://") or not bucket:
-        raise ValueError(f"${CHECKPOINT_STORE_ENV}={uri!r}: expected s3://<bucket>[/<prefix>]")
-    return replace(settings or ServiceSettings.load(), bucket=bucket, prefix=prefix.strip("/"))
+    try:
+        bucket, prefix = split_uri(uri)
+    except ValueError as exc:
+        raise ValueError(f"${CHECKPOINT_STORE_ENV}: {exc}") from None
+    return replace(settings or ServiceSettings.load(), bucket=bucket, prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -181,3 +182,58 @@ def read_checkpoint(uri: str, settings: ServiceSettings | None = None, *, s3=Non
             raise FileNotFoundError(f"{uri}: no checkpoint manifest (an unfinished or failed upload)") from exc
         raise
     return json.loads(body)
+
+
+# --- raw pools -------------------------------------------------------------------------------------
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'prefix') of `s3://bucket/prefix`; ValueError naming the URI otherwise."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket:
+        raise ValueError(f"{uri!r}: expected s3://<bucket>[/<prefix>]")
+    return bucket, prefix.strip("/")
+
+
+def download_prefix(uri: str, dest: str | Path, settings: ServiceSettings | None = None, *, s3=None,
+                    progress: bool = True) -> list[Path]:
+    """Copy every object under `s3://bucket/prefix` to `dest`, keeping paths relative to the prefix.
+
+    Each file is checked against its object: size always, the MD5 for single-part objects, and
+    the `sha256` metadata our uploads set. A key that would land outside `dest` ('..', absolute)
+    is refused. Files are written under a temporary name and renamed once checked.
+    """
+    from tqdm import tqdm
+
+    settings = settings or ServiceSettings.load()
+    s3 = s3 or client(settings)
+    bucket, prefix = split_uri(uri)
+    dest = Path(dest).resolve()
+    listing = [obj for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+               for obj in page.get("Contents", []) if not obj["Key"].endswith("/")]
+    if not listing:
+        raise FileNotFoundError(f"{uri}: no objects under this prefix")
+    written = []
+    for obj in tqdm(listing, desc=f"download {uri}", unit="file", disable=not progress):
+        relative = obj["Key"][len(prefix) + 1:] if prefix else obj["Key"]
+        target = (dest / relative).resolve()
+        if dest not in target.parents:
+            raise ValueError(f"s3://{bucket}/{obj['Key']}: key leaves the destination folder {dest}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        s3.download_file(bucket, obj["Key"], str(partial))
+        head = s3.head_object(Bucket=bucket, Key=obj["Key"])
+        size = partial.stat().st_size
+        etag = head["ETag"].strip('"')
+        sha256, md5 = file_digests(partial, max(size, 1))
+        expected_sha = head.get("Metadata", {}).get("sha256")
+        problems = [f"size {size} != {head['ContentLength']}"] if size != head["ContentLength"] else []
+        if "-" not in etag and etag != md5:
+            problems.append(f"MD5 {md5} != ETag {etag}")
+        if expected_sha and expected_sha != sha256:
+            problems.append("sha256 differs from the object's metadata")
+        if problems:
+            partial.unlink()
+            raise UploadVerificationError(f"s3://{bucket}/{obj['Key']}: {'; '.join(problems)}")
+        partial.replace(target)
+        written.append(target)
+    return written

@@ -1,4 +1,5 @@
-"""Step: generate the synthetic web pool that stands in for a raw image pool."""
+"""Step: the raw image pool, fetched from `raw_source` (S3 prefix or folder) when the config
+names one, else the synthetic web pool that stands in for it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipelines.config import PlatformConfig, load_config
+from pipelines.curate import fetch_raw_pool
 from sapiens2.data.synth import generate_pool
 
 
@@ -25,11 +27,18 @@ def synthesize(output_dir: Path, config: PlatformConfig) -> pd.DataFrame:
     )
 
 
+def build_raw_pool(output_dir: Path, config: PlatformConfig) -> dict[str, int]:
+    """Fill `output_dir` with the raw pool; returns its image count per kind."""
+    if config.raw_source:
+        return {"fetched": fetch_raw_pool(config.raw_source, output_dir)}
+    return {str(k): int(v) for k, v in synthesize(output_dir, config)["kind"].value_counts().items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sapiens2 synth", description=__doc__)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
-    labels = synthesize(args.output, load_config(args.config))
-    print(labels["kind"].value_counts().to_string())
+    counts = build_raw_pool(args.output, load_config(args.config))
+    print("\n".join(f"{kind:12s} {count}" for kind, count in counts.items()))
     return 0
