@@ -59,6 +59,7 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
         "scores": metadata.image(plot, "curation scores"),
         "report": dg.MetadataValue.md(summary.report_path.read_text()),
         "report_path": dg.MetadataValue.path(str(summary.report_path)),
+        "stage_seconds": dg.MetadataValue.json(summary.stage_seconds),
         "mlflow_run_id": tracker.run_id or "",
     })
 

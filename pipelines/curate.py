@@ -53,6 +53,9 @@ class CurationSummary:
     seconds: float = field(compare=False)
     report_path: Path | None = None
     cluster_sizes: dict[str, list[int]] | None = None
+    # Seconds per step: per-image steps ("decode", each stage, "embed") summed over the workers'
+    # batches, then the global "dedup", "balance", "write" and "report" passes.
+    stage_seconds: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def images_per_second(self) -> float:
@@ -112,8 +115,16 @@ def _init_worker(config: CurationConfig) -> None:
     _CHAIN = FilterChain(config)
 
 
-def _assess(paths: list[Path]) -> list[dict[str, Any]]:
-    return _CHAIN.assess_batch(paths)
+def _assess(paths: list[Path]) -> tuple[list[dict[str, Any]], Counter]:
+    seconds: Counter = Counter()
+    return _CHAIN.assess_batch(paths, seconds), seconds
+
+
+@contextmanager
+def _timed(seconds: Counter, name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    seconds[name] += time.perf_counter() - started
 
 
 def _keypoints(path: Path) -> Keypoints:
@@ -172,27 +183,35 @@ def curate(input_dir: str | Path, output_dir: str | Path,
         raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
     files = list_inputs(input_dir)
     root = input_dir / "images" if (input_dir / "images").is_dir() else input_dir
+    seconds: Counter = Counter()
     with _workers(config) as pool:
         size = config.batch_size
         batches = [files[k:k + size] for k in range(0, len(files), size)]
-        rows = [row for batch in _map(pool, _assess, batches, "curate") for row in batch]
+        rows = []
+        for batch_rows, batch_seconds in _map(pool, _assess, batches, "curate"):
+            rows += batch_rows
+            seconds += batch_seconds
         for row, path in zip(rows, files):
             image_id = path.stem
             row |= {"id": image_id, "path": f"images/{image_id}{path.suffix}",
                     "source_path": path.relative_to(root).as_posix(), "dup_group": None,
                     "cluster": None, "cluster_top": None,
                     "has_labels": (input_dir / "labels" / f"{image_id}.npz").is_file()}
-        deduplicate(rows, config, lambda idx: _map(pool, _keypoints, [files[i] for i in idx], "dedup"))
-    cluster_sizes = balance(rows, config)
+        with _timed(seconds, "dedup"):
+            deduplicate(rows, config, lambda idx: _map(pool, _keypoints, [files[i] for i in idx], "dedup"))
+    with _timed(seconds, "balance"):
+        cluster_sizes = balance(rows, config)
     for row in rows:
         row["split"] = assign_split(row["id"], config.val_fraction) if row["status"] == "kept" else None
 
     status_counts = Counter(row["status"] for row in rows)
     if sum(status_counts[s] for s in ("kept", "rejected", "quarantined")) != len(files):
         raise AssertionError(f"status counts {dict(status_counts)} do not add up to {len(files)} inputs")
-    manifest = _write_outputs(rows, files, input_dir, output_dir)
+    with _timed(seconds, "write"):
+        manifest = _write_outputs(rows, files, input_dir, output_dir)
     reason_counts = Counter(row["reason"] for row in rows if row["reason"] is not None)
-    report = write_report(pd.read_parquet(manifest), root, output_dir, config, cluster_sizes)
+    with _timed(seconds, "report"):
+        report = write_report(pd.read_parquet(manifest), root, output_dir, config, cluster_sizes)
     return CurationSummary(
         n_inputs=len(files),
         status_counts={s: status_counts[s] for s in ("kept", "rejected", "quarantined")},
@@ -201,6 +220,7 @@ def curate(input_dir: str | Path, output_dir: str | Path,
         seconds=time.perf_counter() - start,
         report_path=report,
         cluster_sizes=cluster_sizes,
+        stage_seconds={k: round(v, 4) for k, v in seconds.items()},
     )
 
 

@@ -8,6 +8,8 @@ Deduplication and balancing need all survivors at once and run afterwards (``pip
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,12 +46,16 @@ class FilterChain:
         self.columns = (*SCORE_COLUMNS, *dict.fromkeys(extra))
         self.embedder = build_embedder(config.embedding) if config.needs_embeddings else None
 
-    def assess_batch(self, paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    def assess_batch(self, paths: Sequence[str | Path], seconds: Counter | None = None) -> list[dict[str, Any]]:
         """Manifest rows (without id, paths, dedup, cluster and split columns) for ``paths``.
 
         Each stage scores the images still alive as one batch, so batched model stages pay one
         call per batch, and rejected images are never scored by later (costlier) stages.
+        ``seconds``, when given, accumulates the time spent per step: "decode" (hash + decode),
+        each stage by name, and "embed".
         """
+        seconds = Counter() if seconds is None else seconds
+        started = time.perf_counter()
         rows = [dict.fromkeys(self.columns) | {"status": "kept", "reason": None, "detail": None} for _ in paths]
         images = {}
         for i, path in enumerate(paths):
@@ -63,10 +69,12 @@ class FilterChain:
                 images[i] = decoded.image
             else:
                 rows[i] |= {"status": "quarantined", "reason": "unreadable", "detail": decoded.error}
+        seconds["decode"] += time.perf_counter() - started
         for stage in self.stages:
             alive = list(images)
             if not alive:
                 break
+            started = time.perf_counter()
             scores = stage.score([images[i] for i in alive])
             for k, i in enumerate(alive):
                 rows[i].update({col: values[k] for col, values in scores.items()})
@@ -74,11 +82,14 @@ class FilterChain:
                 if detail is not None:
                     rows[i] |= {"status": "rejected", "reason": stage.reason, "detail": detail}
                     del images[i]
+            seconds[stage.name] += time.perf_counter() - started
         if self.embedder is not None and images:
             # Survivors are embedded here, while decoded, for the global dedup and balance passes;
             # the "_embedding" entry never reaches the manifest.
+            started = time.perf_counter()
             for i, vector in zip(images, self.embedder(list(images.values()))):
                 rows[i]["_embedding"] = vector
+            seconds["embed"] += time.perf_counter() - started
         return rows
 
     def assess(self, path: str | Path) -> dict[str, Any]:

@@ -143,6 +143,10 @@ def test_bad_inputs_never_stop_a_run_and_nothing_is_lost(tmp_path, hopper):
     assert (manifest.loc["rotated", "width"], manifest.loc["rotated", "height"]) == (128, 150)
     again = curate(tmp_path / "pool", tmp_path / "again", config)
     assert again.manifest_path.read_bytes() == summary.manifest_path.read_bytes()
+    steps = ["decode", *config.stages, "embed", "dedup", "balance", "write", "report"]
+    assert [s for s in steps if s not in summary.stage_seconds] == []
+    assert all(v >= 0 for v in summary.stage_seconds.values())
+    assert sum(summary.stage_seconds.values()) <= summary.seconds
 
 
 def test_decode_scales_16_bit_composites_alpha_and_takes_the_first_frame(tmp_path, hopper):
@@ -282,6 +286,10 @@ def test_curate_balances_records_clusters_and_writes_the_report(tmp_path):
         assert (tmp_path / "out" / "report" / png).stat().st_size > 1000
     again = curate(tmp_path / "pool", tmp_path / "again", config)
     assert again.manifest_path.read_bytes() == summary.manifest_path.read_bytes()
+    steps = ["decode", *config.stages, "embed", "dedup", "balance", "write", "report"]
+    assert [s for s in steps if s not in summary.stage_seconds] == []
+    assert all(v >= 0 for v in summary.stage_seconds.values())
+    assert sum(summary.stage_seconds.values()) <= summary.seconds
 
 
 def test_backbone_embedder_is_deterministic_and_loads_weights(tmp_path, hopper):
