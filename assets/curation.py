@@ -46,7 +46,7 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
     counts = manifest.fillna({"reason": "-"}).groupby(["status", "reason"]).size().reset_index(name="images")
     plot = curation_scores_png(manifest, ws.curated_dir / "curation_scores.png")
     status = manifest["status"].value_counts().to_dict()
-    with RankZeroTracker(0, "curation", Lineage.from_env(ws.raw_dir), config.curation.model_dump(mode="json")) as tracker:
+    with RankZeroTracker(0, "curation", Lineage.from_env(ws.raw_dir, dagster_run_id=context.run.run_id), config.curation.model_dump(mode="json")) as tracker:
         tracker.log_metrics({f"images_{k}": float(v) for k, v in status.items()}, 0)
         tracker.log_artifacts([plot, ws.curated_dir / "manifest.parquet", summary.report_path])
         tracker.log_artifacts(sorted((summary.report_path.parent / "report").glob("*.png")), artifact_path="report")

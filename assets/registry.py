@@ -26,7 +26,7 @@ from pipelines.rollback import rollback
 def evaluation_report(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource) -> dg.MaterializeResult:
     """Every task's field-standard metric on the held-out split, beside its untrained-head baseline."""
     ws, config = platform.ws, platform.config
-    lineage = Lineage.from_env(ws.curated_dir, ws.pretrain_dir)
+    lineage = Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id)
     report = evaluate(config, ws.curated_dir, ws.root / "models", ws.eval_dir, lineage)
     md5 = dvc.commit(ws, "evaluate", ws.eval_dir)
     return dg.MaterializeResult(
@@ -54,7 +54,7 @@ def registered_models(context: dg.AssetExecutionContext, platform: PlatformResou
     ws, config = platform.ws, platform.config
     report = json.loads((ws.eval_dir / "metrics.json").read_text())
     model_md5 = {task: dvc_hash(ws.task_dir(task), ws) for task in TASK_NAMES}
-    registrations = register_all(config, report, ws.root / "models", model_md5, Lineage.from_env(ws.curated_dir, ws.pretrain_dir))
+    registrations = register_all(config, report, ws.root / "models", model_md5, Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id))
     rows = pd.DataFrame([{"model": r.model_name, "version": r.version, "reused": r.reused} for r in registrations])
     return dg.MaterializeResult(metadata={"versions": metadata.table(rows), "split_id": report["split_id"]})
 
@@ -66,7 +66,7 @@ class PromoteConfig(dg.Config):
 
 def _request(config: "PromoteConfig | RollbackConfig", context: dg.OpExecutionContext, evaluation_run: str = "") -> Request:
     who = {"requested_by": config.requested_by} if config.requested_by else {}
-    return Request(reason=config.reason, evaluation_run=evaluation_run, dagster_run_id=context.run_id, **who)
+    return Request(reason=config.reason, evaluation_run=evaluation_run, dagster_run_id=context.run.run_id, **who)
 
 
 def _dev_client(platform: PlatformResource) -> mlflow.MlflowClient:
@@ -87,7 +87,7 @@ def champion_models(context: dg.AssetExecutionContext, config: PromoteConfig, pl
         latest = max(client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
         production = Production.for_model(name, client)
         decision = promote(name, latest.version, task["primary_metric"], task["higher_is_better"], report["split_id"],
-                           reason_prefix=f"[{config.reason}; dagster run {context.run_id}] ", client=client,
+                           reason_prefix=f"[{config.reason}; dagster run {context.run.run_id}] ", client=client,
                            production=production, request=request)
         rows.append({"model": name, "version": latest.version, "promoted": decision.promoted,
                      "production": f"{production.name} v{decision.production_version}" if decision.promoted else "",

@@ -36,7 +36,7 @@ def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, 
         shutil.rmtree(output, ignore_errors=True)
     config_file = platform.write_config(output / "config.yaml")
     command = [sys.executable, "-m", module, *args, "--output", str(output), "--config", str(config_file)]
-    env = {"DAGSTER_RUN_ID": context.run_id, "SAPIENS2_WORKSPACE": str(platform.ws.root)}
+    env = {"DAGSTER_RUN_ID": context.run.run_id, "SAPIENS2_WORKSPACE": str(platform.ws.root)}
     result = client.run(command=command, context=context, env=env, cwd=str(platform.ws.root))
     return dict(result.get_materialize_result().metadata)
 
@@ -56,9 +56,9 @@ def publish_checkpoint(context: dg.AssetExecutionContext, platform: PlatformReso
     settings = s3store.checkpoint_store()
     if settings is None:
         return {}
-    ckpt = s3store.publish_checkpoint(files, f"{name}/{context.run_id}", settings,
+    ckpt = s3store.publish_checkpoint(files, f"{name}/{context.run.run_id}", settings,
                                       extra={"asset": context.asset_key.to_user_string(),
-                                             "dagster_run_id": context.run_id, "mlflow_run_id": mlflow_run_id})
+                                             "dagster_run_id": context.run.run_id, "mlflow_run_id": mlflow_run_id})
     context.log.info(f"checkpoint {ckpt.uri}: {len(ckpt.files)} files, "
                      f"{sum(f.size for f in ckpt.files):,} bytes verified")
     if mlflow_run_id:

@@ -37,11 +37,12 @@ class Lineage:
     git_commit: str
 
     @classmethod
-    def from_env(cls, data_dir: Path, backbone_dir: Path | None = None) -> Lineage:
-        """Hashes of the dataset (and backbone) this run consumes, as recorded by DVC."""
+    def from_env(cls, data_dir: Path, backbone_dir: Path | None = None, dagster_run_id: str | None = None) -> Lineage:
+        """Hashes of the dataset (and backbone) this run consumes, as recorded by DVC; the Dagster
+        run is `dagster_run_id` (an asset's own run) or `$DAGSTER_RUN_ID` (a program it launched)."""
         ws = Workspace.from_env()
         return cls(
-            dagster_run_id=os.environ.get("DAGSTER_RUN_ID", "none"),
+            dagster_run_id=dagster_run_id or os.environ.get("DAGSTER_RUN_ID", "none"),
             data_md5=dvc_hash(data_dir, ws),
             backbone_md5=dvc_hash(backbone_dir, ws),
             git_commit=tracking.git_commit(ws.root),

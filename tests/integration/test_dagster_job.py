@@ -74,5 +74,6 @@ def test_end_to_end_job_materialises_everything(small_workspace: Path) -> None:
         assert champion.tags["promotion.source"].startswith(f"models:/sapiens2-{task}/")
         assert champion.tags["dvc.data_md5"].endswith(".dir")
         assert champion.tags["eval.split_id"] == report["split_id"]
+        assert champion.tags["dagster_run_id"] == result.run_id  # the lineage names the run that made it
     status = DvcWorkspace(small_workspace).status()
     assert status == {"local": {}, "cloud": {}}
