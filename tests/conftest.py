@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,17 @@ def merge(base: dict, extra: dict) -> dict:
     for key, value in extra.items():
         merged[key] = merge(merged.get(key, {}), value) if isinstance(value, dict) else value
     return merged
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct loopback ports nothing listens on right now (all bound at once, then freed)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def make_workspace(root: Path, overrides: dict | None = None) -> Path:

@@ -102,9 +102,9 @@ def test_throttling_and_5xx_are_retried(moto_s3, tmp_path: Path) -> None:
     assert stored.etag.endswith("-3") and stored.size == 11 * MIB
 
 
-def test_endpoint_stopped_mid_upload_then_restarted(moto_s3, tmp_path: Path) -> None:
-    moto, settings = moto_s3
-    s3 = s3mod.client(settings)
+def _outage_after_first_part(moto: Moto, s3) -> dict[str, bool]:
+    """Stop the endpoint once the first part is stored and restart it 1.5 s later; the returned
+    dict's "done" says whether that happened."""
     outage = {"done": False}
 
     def stop_after_first_part(**_):
@@ -114,6 +114,13 @@ def test_endpoint_stopped_mid_upload_then_restarted(moto_s3, tmp_path: Path) -> 
             threading.Timer(1.5, moto.start).start()
 
     s3.meta.events.register("after-call.s3.UploadPart", stop_after_first_part)
+    return outage
+
+
+def test_endpoint_stopped_mid_upload_then_restarted(moto_s3, tmp_path: Path) -> None:
+    moto, settings = moto_s3
+    s3 = s3mod.client(settings)
+    outage = _outage_after_first_part(moto, s3)
     path = _file(tmp_path, 16 * MIB)
     stored = s3mod.upload_verified(path, "outage.bin", settings, part_size=5 * MIB, s3=s3)
     assert outage["done"]
@@ -166,15 +173,7 @@ def test_checkpoint_store_from_environment(monkeypatch: pytest.MonkeyPatch) -> N
 def test_checkpoint_published_through_an_outage_has_its_manifest_last(moto_s3, tmp_path: Path) -> None:
     moto, settings = moto_s3
     s3 = s3mod.client(settings)
-    outage = {"done": False}
-
-    def stop_after_first_part(**_):
-        if not outage["done"]:
-            outage["done"] = True
-            moto.stop()
-            threading.Timer(1.5, moto.start).start()
-
-    s3.meta.events.register("after-call.s3.UploadPart", stop_after_first_part)
+    outage = _outage_after_first_part(moto, s3)
     weights, spec = _file(tmp_path, 12 * MIB), tmp_path / "model.json"
     spec.write_text('{"task": "pose"}')
     ckpt = s3mod.publish_checkpoint([weights, spec], "finetune/pose/run-1", settings, s3=s3, part_size=5 * MIB,

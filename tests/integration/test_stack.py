@@ -17,18 +17,9 @@ import pytest
 from infra import health
 from pipelines.services import ServiceSettings
 from pipelines.workspace import PROJECT_ROOT
+from tests.conftest import free_ports
 
 SECRET = "stack-s3cr3t-4b9e"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _port_free(port: int) -> bool:
@@ -43,7 +34,7 @@ def _port_free(port: int) -> bool:
 
 
 def _stack_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    s3, mlf, dag = _free_ports(3)
+    s3, mlf, dag = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "SAPIENS2_"))}
     env.update({
         "SAPIENS2_STACK_DIR": str(tmp_path / "stack"), "DAGSTER_HOME": str(tmp_path / "dagster_home"),

@@ -30,7 +30,7 @@ from infra import health
 from pipelines.config import TASK_NAMES
 from pipelines.services import ServiceSettings
 from pipelines.workspace import PROJECT_ROOT
-from tests.conftest import SMALL_RECIPE, make_workspace
+from tests.conftest import SMALL_RECIPE, free_ports, make_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -67,18 +67,6 @@ class UiRun:
     seconds: float
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _stack_cli(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "infra.stack", *args], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -98,7 +86,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.fail(f"{CHROMIUM} missing: install Debian's chromium (`apt-get install -y chromium`; .ci/run does)")
     root = tmp_path_factory.mktemp("ui-stack")
     workspace = make_workspace(root / "ws", SMALL_RECIPE)
-    s3_port, mlflow_port, dagster_port = _free_ports(3)
+    s3_port, mlflow_port, dagster_port = free_ports(3)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AWS_", "SAPIENS2_", "DAGSTER_"))}
     env.update({
         "SAPIENS2_STACK_DIR": str(root / "stack"), "DAGSTER_HOME": str(root / "dagster_home"),
