@@ -24,7 +24,6 @@ def raw_pool(context: dg.AssetExecutionContext, platform: PlatformResource, dvc:
     """The raw image pool: fetched from `raw_source` (an S3 prefix or a folder) when configured,
     else synthetic people with labels for all five tasks plus web-pool distractors."""
     ws, source = platform.ws, platform.config.raw_source
-    shutil.rmtree(ws.raw_dir, ignore_errors=True)
     counts = build_raw_pool(ws.raw_dir, platform.config)
     md5 = dvc.commit(ws, "synth", ws.raw_dir)
     kinds = pd.DataFrame({"kind": list(counts), "images": list(counts.values())})

@@ -4,6 +4,7 @@ names one, else the synthetic web pool that stands in for it."""
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -28,9 +29,11 @@ def synthesize(output_dir: Path, config: PlatformConfig) -> pd.DataFrame:
 
 
 def build_raw_pool(output_dir: Path, config: PlatformConfig) -> dict[str, int]:
-    """Fill `output_dir` with the raw pool; returns its image count per kind."""
+    """Replace `output_dir` with the raw pool; returns its image count per kind. A fetched pool
+    replaces the old one only once complete."""
     if config.raw_source:
         return {"fetched": fetch_raw_pool(config.raw_source, output_dir)}
+    shutil.rmtree(output_dir, ignore_errors=True)
     return {str(k): int(v) for k, v in synthesize(output_dir, config)["kind"].value_counts().items()}
 
 
