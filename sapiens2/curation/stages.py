@@ -36,6 +36,9 @@ class Stage(ABC):
     name: ClassVar[str]
     reason: ClassVar[str | None]
     columns: ClassVar[tuple[str, ...]]
+    # The short side (px) this stage's scores need at most; None = full resolution. When every
+    # stage (and the embedder) names one, JPEGs are decoded in Pillow's reduced draft mode.
+    input_side: ClassVar[int | None] = None
 
     @abstractmethod
     def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
