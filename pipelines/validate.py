@@ -38,8 +38,9 @@ import great_expectations.expectations as gxe  # noqa: E402
 from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
 from great_expectations.expectations.row_conditions import Column  # noqa: E402
 
+from sapiens2.curation.filters import REASONS  # noqa: E402
+
 STATUSES = ("kept", "rejected", "quarantined")
-REASONS = ("unreadable", "too_small", "no_person", "low_quality", "text_overlay", "duplicate")
 SPLITS = ("train", "val")
 # float16 storage of unit normals keeps |n| within ~1e-3 of 1; 1e-2 catches unnormalised data.
 NORMAL_NORM_TOL = 1e-2
