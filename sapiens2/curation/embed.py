@@ -35,7 +35,7 @@ class TinyImageEmbedder:
     """Zero-mean ``side`` x ``side`` RGB thumbnail, unit norm (a correlation of thumbnails)."""
 
     def __init__(self, side: int = 16) -> None:
-        self.side = side
+        self.side = self.input_side = side
         self.dim = 3 * side * side
 
     def __call__(self, images: Sequence[np.ndarray]) -> np.ndarray:
@@ -62,7 +62,7 @@ class BackboneEmbedder:
         self.model = build_backbone(config.backbone_arch, img_size=(side, side), output="cls").eval()
         if config.backbone_weights is not None:
             load_checkpoint(self.model, config.backbone_weights)
-        self.side = side
+        self.side = self.input_side = side
         with torch.no_grad():
             self.dim = int(self.model(torch.zeros(1, 3, side, side)).shape[-1])
 

@@ -45,9 +45,15 @@ class FilterChain:
         extra = [c for stage in self.stages for c in stage.columns if c not in SCORE_COLUMNS]
         self.columns = (*SCORE_COLUMNS, *dict.fromkeys(extra))
         self.embedder = build_embedder(config.embedding) if config.needs_embeddings else None
+        needs = [stage.input_side for stage in self.stages]
+        if self.embedder is not None:
+            needs.append(getattr(self.embedder, "input_side", None))
+        # Decode only as much as the hungriest consumer needs (JPEG draft mode); None = full size.
+        self.decode_side = None if None in needs else max(needs, default=None)
 
-    def assess_batch(self, paths: Sequence[str | Path], seconds: Counter | None = None) -> list[dict[str, Any]]:
-        """Manifest rows (without id, paths, dedup, cluster and split columns) for ``paths``.
+    def assess_batch(self, paths: Sequence[str | Path | bytes], seconds: Counter | None = None) -> list[dict[str, Any]]:
+        """Manifest rows (without id, paths, dedup, cluster and split columns) for ``paths``
+        (file paths, or the files' bytes as read from a pool shard).
 
         Each stage scores the images still alive as one batch, so batched model stages pay one
         call per batch, and rejected images are never scored by later (costlier) stages.
@@ -57,16 +63,16 @@ class FilterChain:
         seconds = Counter() if seconds is None else seconds
         started = time.perf_counter()
         rows = [dict.fromkeys(self.columns) | {"status": "kept", "reason": None, "detail": None} for _ in paths]
-        images = {}
+        images, sizes = {}, {}
         for i, path in enumerate(paths):
             try:
-                rows[i]["sha256"] = file_sha256(path)
+                rows[i]["sha256"] = hashlib.sha256(path).hexdigest() if isinstance(path, bytes) else file_sha256(path)
             except OSError as exc:
                 rows[i] |= {"status": "quarantined", "reason": "unreadable", "detail": f"unreadable: {exc}"}
                 continue
-            decoded = decode_image(path, self.config.max_pixels)
+            decoded = decode_image(path, self.config.max_pixels, self.decode_side)
             if decoded.ok:
-                images[i] = decoded.image
+                images[i], sizes[i] = decoded.image, decoded.size
             else:
                 rows[i] |= {"status": "quarantined", "reason": "unreadable", "detail": decoded.error}
         seconds["decode"] += time.perf_counter() - started
@@ -75,7 +81,7 @@ class FilterChain:
             if not alive:
                 break
             started = time.perf_counter()
-            scores = stage.score([images[i] for i in alive])
+            scores = stage.score_decoded([images[i] for i in alive], [sizes[i] for i in alive])
             for k, i in enumerate(alive):
                 rows[i].update({col: values[k] for col, values in scores.items()})
                 detail = stage.judge(rows[i])

@@ -38,11 +38,16 @@ class Stage(ABC):
     columns: ClassVar[tuple[str, ...]]
     # The short side (px) this stage's scores need at most; None = full resolution. When every
     # stage (and the embedder) names one, JPEGs are decoded in Pillow's reduced draft mode.
-    input_side: ClassVar[int | None] = None
+    input_side: int | None = None
 
     @abstractmethod
     def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
         """Column name -> one value per image, in input order."""
+
+    def score_decoded(self, images: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]) -> dict[str, list[Any]]:
+        """What the chain calls: ``sizes`` are the files' upright (width, height), which a draft
+        decode may have shrunk the arrays below; only stages about the file's size need them."""
+        return self.score(images)
 
     def judge(self, scores: Mapping[str, Any]) -> str | None:
         """None keeps the image; a string rejects it and says why (the manifest's ``detail``)."""
@@ -81,10 +86,15 @@ def build_stages(config: CurationConfig) -> list[Stage]:
 @register
 class SizeStage(ScorerStage):
     name, reason, columns = "size", "too_small", ("width", "height", "short_side")
+    input_side = 1  # the header's size, not the pixels
 
     def __init__(self, config: CurationConfig) -> None:
         super().__init__(SizeScorer())
         self.min_short_side = config.min_short_side
+
+    def score_decoded(self, images: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]) -> dict[str, list[Any]]:
+        return {"width": [float(w) for w, _ in sizes], "height": [float(h) for _, h in sizes],
+                "short_side": [float(min(size)) for size in sizes]}
 
     def judge(self, scores: Mapping[str, Any]) -> str | None:
         if scores["short_side"] < self.min_short_side:
@@ -100,6 +110,7 @@ class PhashStage(ScorerStage):
 
     def __init__(self, config: CurationConfig) -> None:
         super().__init__(PhashScorer(config.phash_size))
+        self.input_side = 4 * config.phash_size  # imagehash.phash works on a (4 * size)^2 thumbnail
 
 
 @register
@@ -109,6 +120,7 @@ class QualityStage(ScorerStage):
     def __init__(self, config: CurationConfig) -> None:
         super().__init__(QualityScorer())
         self.config = config
+        self.input_side = self.scorer.analysis_short_side
 
     def judge(self, s: Mapping[str, Any]) -> str | None:
         # Exposure first: a black or blown-out frame is flat too, but "exposure" says why.
@@ -130,6 +142,7 @@ class TextOverlayStage(ScorerStage):
     def __init__(self, config: CurationConfig) -> None:
         super().__init__(TextOverlayScorer())
         self.max_text_score = config.max_text_score
+        self.input_side = self.scorer.analysis_short_side
 
     def judge(self, scores: Mapping[str, Any]) -> str | None:
         if scores["text_score"] > self.max_text_score:
@@ -146,6 +159,8 @@ class PersonStage(ScorerStage):
 
     def __init__(self, config: CurationConfig) -> None:
         super().__init__(PersonDetector(config.person))
+        # Scans run on a copy resized to target_height; the short side needs no more than that.
+        self.input_side = config.person.target_height
 
     def judge(self, scores: Mapping[str, Any]) -> str | None:
         if scores["num_persons"] < 1:
