@@ -8,12 +8,14 @@ import pandas as pd
 
 from assets import metadata
 from assets.resources import DvcResource, PlatformResource
-from pipelines.curate import curate
+from pipelines.curate import (config_fingerprint, filter_pool, filter_shard, merge_shards, score_path,
+                              shard_is_filtered, workers)
 from pipelines.dataset_stats import build_label_manifests
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import curation_scores_png
 from pipelines.synth import build_raw_pool
 from pipelines.validate import validate_curated
+from sapiens2.curation.pool import INDEX, PoolShards, open_pool, shard_pool
 
 SUITES = ("curated_manifest", "curated_counts", "labels_pose", "labels_seg", "labels_normal", "labels_pointmap", "labels_albedo")
 TRANSIENT = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)
@@ -34,12 +36,75 @@ def raw_pool(context: dg.AssetExecutionContext, platform: PlatformResource, dvc:
     )
 
 
-@dg.asset(group_name="curation", deps=[raw_pool], kinds={"python", "mlflow"})
+POOL_SHARDS = dg.DynamicPartitionsDefinition(name="pool_shards")
+
+
+def _shard_table(pool: PoolShards) -> pd.DataFrame:
+    return pool.index.groupby("shard", sort=False).agg(images=("id", "size"), bytes=("size", "sum")).reset_index()
+
+
+@dg.asset(group_name="curation", deps=[raw_pool], kinds={"python", "parquet"})
+def pool_shards(context: dg.AssetExecutionContext, platform: PlatformResource) -> dg.MaterializeResult:
+    """The raw pool packed into tar shards with a Parquet index (append-only: new files go into
+    new shards); each shard is registered as a partition of `shard_scores` (the discovery step)."""
+    ws = platform.ws
+    pool = shard_pool(ws.raw_dir, ws.curation_work_dir / "shards", platform.config.curation.shard_size)
+    new = register_new_shards(context.instance, pool)
+    context.log.info(f"{len(pool.names)} shards, {len(new)} new: {new[:5]}{' ...' if len(new) > 5 else ''}")
+    return dg.MaterializeResult(metadata={
+        "shards": len(pool.names), "images": len(pool.index), "new_partitions": len(new),
+        "per_shard": metadata.table(_shard_table(pool)), "index": dg.MetadataValue.path(str(pool.root / INDEX)),
+    })
+
+
+def register_new_shards(instance: dg.DagsterInstance, pool: PoolShards) -> list[str]:
+    known = set(instance.get_dynamic_partitions(POOL_SHARDS.name))
+    new = [name for name in pool.names if name not in known]
+    if new:
+        instance.add_dynamic_partitions(POOL_SHARDS.name, new)
+    return new
+
+
+def _shard_metadata(path) -> dict:
+    scores = pd.read_parquet(path, columns=["status", "reason"])
+    return {"images": len(scores), **{k: int(v) for k, v in scores["status"].value_counts().items()},
+            "reasons": dg.MetadataValue.json({k: int(v) for k, v in scores["reason"].value_counts().items()})}
+
+
+@dg.asset(group_name="curation", deps=[pool_shards], partitions_def=POOL_SHARDS, kinds={"python", "parquet"})
+def shard_scores(context: dg.AssetExecutionContext, platform: PlatformResource) -> dg.MaterializeResult:
+    """One shard through the filter chain: every file's scores and verdict (kept, rejected,
+    quarantined), before the global dedup and balance. A valid score file is reused."""
+    ws, config = platform.ws, platform.config.curation
+    pool, shard = open_pool(ws.curation_work_dir / "shards"), context.partition_key
+    scores = ws.curation_work_dir / "scores"
+    reused = shard_is_filtered(pool, shard, scores, config)
+    if not reused:
+        with workers(config) as pool_of_workers:
+            filter_shard(pool, shard, scores, config, pool_of_workers)
+    path = score_path(scores, shard)
+    return dg.MaterializeResult(metadata={**_shard_metadata(path), "reused": reused,
+                                          "path": dg.MetadataValue.path(str(path))})
+
+
+@dg.asset(group_name="curation", deps=[raw_pool, pool_shards, shard_scores], kinds={"python", "mlflow"})
 def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResource) -> dg.MaterializeResult:
-    """Decode, quarantine, filter (size, person, quality, text), dedup and split the raw pool."""
+    """Filter the shards `shard_scores` has not (size, quality, text, person), then dedup,
+    balance and split over all of them; a killed run resumes at the first unfinished shard."""
     ws, config = platform.ws, platform.config
+    # Brought up to date again (a no-op when pool_shards ran on this pool), so a raw pool changed
+    # since is never curated from a stale index.
+    pool = shard_pool(ws.raw_dir, ws.curation_work_dir / "shards", config.curation.shard_size)
+    register_new_shards(context.instance, pool)
+    scores = ws.curation_work_dir / "scores"
     shutil.rmtree(ws.curated_dir, ignore_errors=True)
-    summary = curate(ws.raw_dir, ws.curated_dir, config.curation)
+    with workers(config.curation) as pool_of_workers:
+        filtered = filter_pool(pool, scores, config.curation, pool_of_workers)
+        summary = merge_shards(pool, scores, ws.raw_dir, ws.curated_dir, config.curation, pool_of_workers)
+    for shard in filtered:  # the partitions filtered here count as materialised, as if run on their own
+        context.log_event(dg.AssetMaterialization(asset_key=shard_scores.key, partition=shard,
+                                                  metadata={**_shard_metadata(score_path(scores, shard)),
+                                                            "filtered_by": "curated_dataset"}))
     build_label_manifests(ws.curated_dir)
     manifest = pd.read_parquet(ws.curated_dir / "manifest.parquet")
     counts = manifest.fillna({"reason": "-"}).groupby(["status", "reason"]).size().reset_index(name="images")
@@ -59,6 +124,8 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
         "report": dg.MetadataValue.md(summary.report_path.read_text()),
         "report_path": dg.MetadataValue.path(str(summary.report_path)),
         "stage_seconds": dg.MetadataValue.json(summary.stage_seconds),
+        "shards": len(pool.names),
+        "shards_filtered_here": len(filtered),
         "mlflow_run_id": tracker.run_id or "",
     })
 
@@ -97,4 +164,33 @@ def versioned_dataset(context: dg.AssetExecutionContext, platform: PlatformResou
     return dg.MaterializeResult(
         metadata={"dvc_md5": md5, "path": str(ws.curated_dir), "remote": dvc.remote_url or ws.dvc_remote},
         data_version=dg.DataVersion(md5),
+    )
+
+
+filter_shards_job = dg.define_asset_job(
+    "filter_shards", selection=[shard_scores], partitions_def=POOL_SHARDS,
+    description="Filter one pool shard (a partition of shard_scores); the new_shards sensor launches one run per shard.",
+)
+
+
+@dg.sensor(job=filter_shards_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.STOPPED)
+def new_shards(context: dg.SensorEvaluationContext, platform: PlatformResource) -> dg.SensorResult | dg.SkipReason:
+    """Registers the shards in the pool index as partitions and requests a run for each shard
+    without a valid score file; a shard is requested once per content and config (the run key).
+
+    Off by default: turn it on where shards arrive from elsewhere (another job, a data drop
+    packed with `shard_pool`) or to fan a pool out over a Kubernetes cluster, one pod per shard."""
+    ws, config = platform.ws, platform.config.curation
+    shards = ws.curation_work_dir / "shards"
+    if not (shards / INDEX).is_file():
+        return dg.SkipReason(f"no pool index at {shards / INDEX} yet")
+    pool = open_pool(shards)
+    known = set(context.instance.get_dynamic_partitions(POOL_SHARDS.name))
+    new = [name for name in pool.names if name not in known]
+    fingerprint = config_fingerprint(config)[:16]
+    todo = [name for name in pool.names if not shard_is_filtered(pool, name, ws.curation_work_dir / "scores", config)]
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=f"{name}:{pool.digest(name)[:16]}:{fingerprint}", partition_key=name)
+                      for name in todo],
+        dynamic_partitions_requests=[POOL_SHARDS.build_add_request(new)] if new else [],
     )

@@ -3,13 +3,16 @@
 
 import dagster as dg
 
-from assets.curation import curated_dataset, curated_expectations, raw_pool, versioned_dataset
+from assets.curation import (curated_dataset, curated_expectations, filter_shards_job, new_shards, pool_shards,
+                             raw_pool, shard_scores, versioned_dataset)
 from assets.registry import (champion_models, evaluation_report, every_task_beats_baseline, registered_models,
                              rollback_job)
 from assets.resources import DvcResource, PlatformResource
 from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone
 
-ALL_ASSETS = [raw_pool, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models,
+# The end-to-end graph; `shard_scores` (partitioned per pool shard) runs on its own, from the
+# new_shards sensor or a backfill, and curated_dataset filters whatever shards it left.
+ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models,
               evaluation_report, registered_models, champion_models]
 ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 
@@ -18,7 +21,7 @@ executor = dg.multiprocess_executor.configured({
 })
 
 end_to_end = dg.define_asset_job(
-    "end_to_end", selection=dg.AssetSelection.all(), executor_def=executor,
+    "end_to_end", selection=dg.AssetSelection.assets(*ALL_ASSETS), executor_def=executor,
     description="Synthetic pool to champion model: curate, validate, version, pretrain, fine-tune x5, evaluate, register, promote.",
 )
 promote_job = dg.define_asset_job(
@@ -27,9 +30,10 @@ promote_job = dg.define_asset_job(
 )
 
 defs = dg.Definitions(
-    assets=ALL_ASSETS,
+    assets=[*ALL_ASSETS, shard_scores],
     asset_checks=ALL_CHECKS,
-    jobs=[end_to_end, promote_job, rollback_job],
+    jobs=[end_to_end, promote_job, rollback_job, filter_shards_job],
+    sensors=[new_shards],
     executor=executor,
     resources={
         "platform": PlatformResource(),

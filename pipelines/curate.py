@@ -7,13 +7,24 @@ labels as ``output_dir/labels/<id>.npz`` when ``input_dir/labels/`` has them. ``
 the file's path under the input image folder. ``output_dir/report.md`` (with plots and
 thumbnails under ``output_dir/report/``) says what each stage dropped and why; the returned
 summary's ``report_path`` points at it.
+
+It runs in three steps, each callable on its own (the Dagster assets do): ``shard_pool`` packs
+the pool into tar shards (``<work>/shards``, ``sapiens2.curation.pool``); ``filter_shard`` runs
+the filter chain over one shard into ``<work>/scores/<shard>.parquet``, skipped when a valid
+one exists, so a killed run resumes at the first unfinished shard; ``merge_shards`` runs the
+global dedup and balance passes over all score files and writes the curated dataset. The work
+folder defaults to ``<output_dir>.work`` beside the output. The manifest depends only on the
+pool and the config, not on the shard size, the worker count or how often the run was resumed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import json
 import multiprocessing
+import os
 import shutil
 import time
 from collections import Counter
@@ -25,21 +36,27 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+import sapiens2.curation
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
 from sapiens2.curation.passes import balance, deduplicate
+from sapiens2.curation.pool import PoolShards, list_inputs, shard_pool
 from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
                     "dup_group", "cluster", "cluster_top", "has_labels", "split")
 _INT_COLUMNS = ("width", "height", "short_side", "num_persons", "cluster", "cluster_top")
+CURATION_CODE = Path(sapiens2.curation.__file__).parent
 
 
 @dataclass(frozen=True)
@@ -60,19 +77,6 @@ class CurationSummary:
     @property
     def images_per_second(self) -> float:
         return self.n_inputs / self.seconds if self.seconds > 0 else float("inf")
-
-
-def list_inputs(input_dir: Path) -> list[Path]:
-    """Every non-hidden file under the image root, sorted; ids (file stems) must be unique."""
-    root = input_dir / "images" if (input_dir / "images").is_dir() else input_dir
-    files = sorted(p for p in root.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    seen: dict[str, Path] = {}
-    for path in files:
-        if path.stem in seen:
-            raise ValueError(f"two input files share the id {path.stem!r}: {seen[path.stem]} and {path}")
-        seen[path.stem] = path
-    return files
 
 
 def fetch_raw_pool(source: str, dest: str | Path) -> int:
@@ -107,6 +111,9 @@ def assign_split(image_id: str, val_fraction: float) -> str:
 
 
 _CHAIN: FilterChain | None = None
+# Columns whose values are text (None when missing); every other score column is stored as float.
+_TEXT_COLUMNS = ("id", "source_path", "status", "reason", "detail", "phash", "sha256")
+_META_KEY = b"sapiens2.curation"
 
 
 def _init_worker(config: CurationConfig) -> None:
@@ -115,9 +122,9 @@ def _init_worker(config: CurationConfig) -> None:
     _CHAIN = FilterChain(config)
 
 
-def _assess(paths: list[Path]) -> tuple[list[dict[str, Any]], Counter]:
+def _assess(files: list[bytes]) -> tuple[list[dict[str, Any]], Counter]:
     seconds: Counter = Counter()
-    return _CHAIN.assess_batch(paths, seconds), seconds
+    return _CHAIN.assess_batch(files, seconds), seconds
 
 
 @contextmanager
@@ -127,12 +134,12 @@ def _timed(seconds: Counter, name: str) -> Iterator[None]:
     seconds[name] += time.perf_counter() - started
 
 
-def _keypoints(path: Path) -> Keypoints:
-    return orb_keypoints(decode_image(path, _CHAIN.config.max_pixels).image)
+def _keypoints(data: bytes) -> Keypoints:
+    return orb_keypoints(decode_image(data, _CHAIN.config.max_pixels).image)
 
 
 @contextmanager
-def _workers(config: CurationConfig) -> Iterator[Pool | None]:
+def workers(config: CurationConfig) -> Iterator[Pool | None]:
     """A process pool of ``config.workers`` filter chains, or None to run in this process."""
     if config.workers == 1:
         _init_worker(config)
@@ -146,21 +153,122 @@ def _workers(config: CurationConfig) -> Iterator[Pool | None]:
 
 
 def _map(pool: Pool | None, fn: Callable, items: Sequence, desc: str) -> list:
-    """Order-preserving map over files with a progress bar."""
-    bar = {"total": len(items), "desc": desc, "unit": "img", "leave": False}
-    results = map(fn, items) if pool is None else pool.imap(fn, items, chunksize=1 if desc == "curate" else 8)
+    """Order-preserving map with a progress bar."""
+    bar = {"total": len(items), "desc": desc, "unit": "batch" if fn is _assess else "img", "leave": False}
+    results = map(fn, items) if pool is None else pool.imap(fn, items, chunksize=1 if fn is _assess else 8)
     return list(tqdm(results, **bar))
 
 
-def _write_outputs(rows: list[dict[str, Any]], files: list[Path], input_dir: Path, output_dir: Path) -> Path:
+def config_fingerprint(config: CurationConfig) -> str:
+    """Hash of everything that decides a shard's scores: the per-image settings (not the global
+    dedup, balance and split ones, nor how the work is spread) and the curation code itself."""
+    settings = config.model_dump(mode="json", exclude={
+        "workers", "batch_size", "shard_size", "val_fraction", "phash_hamming", "dup_verify", "dup_min_inliers",
+        "balance"})
+    settings["embedding"].pop("near_dup_cosine")
+    settings["needs_embeddings"] = config.needs_embeddings
+    code = hashlib.sha256()
+    for source in sorted(CURATION_CODE.glob("*.py")):
+        code.update(source.name.encode() + source.read_bytes())
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + code.digest()).hexdigest()
+
+
+def score_path(scores_dir: Path, shard: str) -> Path:
+    return scores_dir / f"{shard}.parquet"
+
+
+def shard_is_filtered(pool: PoolShards, shard: str, scores_dir: Path, config: CurationConfig) -> bool:
+    """Whether the shard's score file exists and was made from these exact files with this config."""
+    path = score_path(scores_dir, shard)
+    if not path.is_file():
+        return False
+    try:
+        meta = json.loads((pq.read_schema(path).metadata or {}).get(_META_KEY, b"{}"))
+    except (OSError, ValueError, pa.ArrowException):
+        return False  # a foreign or damaged file is filtered again, not trusted
+    return meta.get("shard_digest") == pool.digest(shard) and meta.get("config") == config_fingerprint(config)
+
+
+def _score_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    columns = list(dict.fromkeys(k for row in rows for k in row if k != "_embedding"))
+    table = pd.DataFrame(rows, columns=columns)
+    for col in columns:
+        if col in _TEXT_COLUMNS:
+            table[col] = table[col].astype(object).where(table[col].notna(), None)
+        else:
+            table[col] = pd.to_numeric(table[col], errors="raise").astype("float64")
+    if any("_embedding" in row for row in rows):
+        table["embedding"] = [row.get("_embedding") for row in rows]
+    return table
+
+
+def filter_shard(pool: PoolShards, shard: str, scores_dir: str | Path, config: CurationConfig,
+                 workers_pool: Pool | None = None) -> Path:
+    """Run the filter chain over one shard and write ``scores_dir/<shard>.parquet`` atomically.
+
+    The file records the shard's digest and the config fingerprint (``shard_is_filtered``) and
+    the seconds spent per step. ``workers_pool`` is a pool from ``workers(config)``, or None to
+    filter in this process (the chain is then built here).
+    """
+    scores_dir = Path(scores_dir)
+    scores_dir.mkdir(parents=True, exist_ok=True)
+    if workers_pool is None and (_CHAIN is None or _CHAIN.config != config):
+        _init_worker(config)
+    listed = list(pool.iter_shard(shard))
+    size = config.batch_size
+    batches = [[data for _, data in listed[k:k + size]] for k in range(0, len(listed), size)]
+    rows, seconds = [], Counter()
+    for batch_rows, batch_seconds in _map(workers_pool, _assess, batches, f"filter {shard}"):
+        rows += batch_rows
+        seconds.update(batch_seconds)
+    for row, (source_path, _) in zip(rows, listed):
+        row |= {"id": Path(source_path).stem, "source_path": source_path}
+    table = pa.Table.from_pandas(_score_table(rows), preserve_index=False)
+    meta = {"shard_digest": pool.digest(shard), "config": config_fingerprint(config),
+            "seconds": dict(seconds)}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: json.dumps(meta).encode()})
+    path = score_path(scores_dir, shard)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # a shard counts as filtered only once its whole file is in place
+    return path
+
+
+def filter_pool(pool: PoolShards, scores_dir: Path, config: CurationConfig, workers_pool: Pool | None) -> list[str]:
+    """Filter every shard without a valid score file, in order; returns the shards filtered now."""
+    todo = [s for s in pool.names if not shard_is_filtered(pool, s, scores_dir, config)]
+    if len(todo) < len(pool.names):
+        print(f"curate: resuming, {len(pool.names) - len(todo)} of {len(pool.names)} shards already filtered",
+              flush=True)
+    for shard in tqdm(todo, desc="shards", unit="shard"):
+        filter_shard(pool, shard, scores_dir, config, workers_pool)
+    return todo
+
+
+def read_scores(pool: PoolShards, scores_dir: Path, config: CurationConfig) -> tuple[pd.DataFrame, Counter]:
+    """Every shard's score rows, ordered by source path, and the per-step seconds they recorded."""
+    tables, seconds = [], Counter()
+    for shard in pool.names:
+        if not shard_is_filtered(pool, shard, scores_dir, config):
+            raise RuntimeError(f"{score_path(scores_dir, shard)}: shard {shard} has no score file for this pool "
+                               "and config; filter it first")
+        path = score_path(scores_dir, shard)
+        tables.append(pd.read_parquet(path))
+        seconds.update(json.loads(pq.read_schema(path).metadata[_META_KEY])["seconds"])
+    if not tables:
+        return pd.DataFrame(columns=["id", "source_path", "status", "reason", "detail", *SCORE_COLUMNS]), seconds
+    scores = pd.concat(tables, ignore_index=True).sort_values("source_path", kind="stable", ignore_index=True)
+    return scores, seconds
+
+
+def _write_outputs(rows: list[dict[str, Any]], pool: PoolShards, input_dir: Path, output_dir: Path) -> Path:
     for sub in ("images", "labels"):
         shutil.rmtree(output_dir / sub, ignore_errors=True)
     (output_dir / "images").mkdir(parents=True)
     labels_in = input_dir / "labels"
-    for row, path in zip(rows, files):
-        if row["status"] != "kept":
-            continue
-        shutil.copyfile(path, output_dir / row["path"])
+    kept = [row for row in rows if row["status"] == "kept"]
+    for row, data in zip(kept, pool.read([row["source_path"] for row in kept])):
+        (output_dir / row["path"]).write_bytes(data)
         if row["has_labels"]:
             (output_dir / "labels").mkdir(exist_ok=True)
             shutil.copyfile(labels_in / f"{row['id']}.npz", output_dir / "labels" / f"{row['id']}.npz")
@@ -174,46 +282,43 @@ def _write_outputs(rows: list[dict[str, Any]], files: list[Path], input_dir: Pat
     return manifest
 
 
-def curate(input_dir: str | Path, output_dir: str | Path,
-           config: CurationConfig = CurationConfig()) -> CurationSummary:
-    """Run every filter over the pool and write the curated dataset; see the module docstring."""
+def merge_shards(pool: PoolShards, scores_dir: Path, input_dir: Path, output_dir: Path, config: CurationConfig,
+                 workers_pool: Pool | None = None) -> CurationSummary:
+    """The global passes over all shards' scores: dedup, balance, split; then write the curated
+    dataset (kept images taken from the shards, labels from ``input_dir/labels``) and the report."""
     start = time.perf_counter()
-    input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
-    if output_dir == input_dir or input_dir.is_relative_to(output_dir / "images"):
-        raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
-    files = list_inputs(input_dir)
-    root = input_dir / "images" if (input_dir / "images").is_dir() else input_dir
-    seconds: Counter = Counter()
-    with _workers(config) as pool:
-        size = config.batch_size
-        batches = [files[k:k + size] for k in range(0, len(files), size)]
-        rows = []
-        for batch_rows, batch_seconds in _map(pool, _assess, batches, "curate"):
-            rows += batch_rows
-            seconds += batch_seconds
-        for row, path in zip(rows, files):
-            image_id = path.stem
-            row |= {"id": image_id, "path": f"images/{image_id}{path.suffix}",
-                    "source_path": path.relative_to(root).as_posix(), "dup_group": None,
-                    "cluster": None, "cluster_top": None,
-                    "has_labels": (input_dir / "labels" / f"{image_id}.npz").is_file()}
-        with _timed(seconds, "dedup"):
-            deduplicate(rows, config, lambda idx: _map(pool, _keypoints, [files[i] for i in idx], "dedup"))
+    if workers_pool is None and (_CHAIN is None or _CHAIN.config != config):
+        _init_worker(config)
+    scores, seconds = read_scores(pool, scores_dir, config)
+    embeddings = scores.pop("embedding") if "embedding" in scores else None
+    rows = scores.astype(object).where(scores.notna(), None).to_dict("records")
+    for k, row in enumerate(rows):
+        ext = Path(row["source_path"]).suffix
+        row |= {"path": f"images/{row['id']}{ext}", "dup_group": None, "cluster": None, "cluster_top": None,
+                "has_labels": (input_dir / "labels" / f"{row['id']}.npz").is_file()}
+        if embeddings is not None and embeddings[k] is not None:
+            row["_embedding"] = np.asarray(embeddings[k], dtype=np.float32)
+
+    def keypoints_of(indices: list[int]) -> list[Keypoints]:
+        return _map(workers_pool, _keypoints, pool.read([rows[i]["source_path"] for i in indices]), "dedup")
+
+    with _timed(seconds, "dedup"):
+        deduplicate(rows, config, keypoints_of)
     with _timed(seconds, "balance"):
         cluster_sizes = balance(rows, config)
     for row in rows:
         row["split"] = assign_split(row["id"], config.val_fraction) if row["status"] == "kept" else None
 
     status_counts = Counter(row["status"] for row in rows)
-    if sum(status_counts[s] for s in ("kept", "rejected", "quarantined")) != len(files):
-        raise AssertionError(f"status counts {dict(status_counts)} do not add up to {len(files)} inputs")
+    if sum(status_counts[s] for s in ("kept", "rejected", "quarantined")) != len(pool.index):
+        raise AssertionError(f"status counts {dict(status_counts)} do not add up to {len(pool.index)} inputs")
     with _timed(seconds, "write"):
-        manifest = _write_outputs(rows, files, input_dir, output_dir)
+        manifest = _write_outputs(rows, pool, input_dir, output_dir)
     reason_counts = Counter(row["reason"] for row in rows if row["reason"] is not None)
     with _timed(seconds, "report"):
-        report = write_report(pd.read_parquet(manifest), root, output_dir, config, cluster_sizes)
+        report = write_report(pd.read_parquet(manifest), pool.read, output_dir, config, cluster_sizes)
     return CurationSummary(
-        n_inputs=len(files),
+        n_inputs=len(pool.index),
         status_counts={s: status_counts[s] for s in ("kept", "rejected", "quarantined")},
         reason_counts={r: reason_counts[r] for r in REASONS},
         manifest_path=manifest,
@@ -222,6 +327,25 @@ def curate(input_dir: str | Path, output_dir: str | Path,
         cluster_sizes=cluster_sizes,
         stage_seconds={k: round(v, 4) for k, v in seconds.items()},
     )
+
+
+def default_work_dir(output_dir: Path) -> Path:
+    return output_dir.with_name(f"{output_dir.name}.work")
+
+
+def curate(input_dir: str | Path, output_dir: str | Path, config: CurationConfig = CurationConfig(),
+           work_dir: str | Path | None = None) -> CurationSummary:
+    """Shard the pool, filter every shard not yet filtered, then merge; see the module docstring."""
+    start = time.perf_counter()
+    input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
+    if output_dir == input_dir or input_dir.is_relative_to(output_dir / "images"):
+        raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
+    work_dir = Path(work_dir) if work_dir is not None else default_work_dir(output_dir)
+    pool = shard_pool(input_dir, work_dir / "shards", config.shard_size)
+    with workers(config) as workers_pool:
+        filter_pool(pool, work_dir / "scores", config, workers_pool)
+        summary = merge_shards(pool, work_dir / "scores", input_dir, output_dir, config, workers_pool)
+    return dataclasses.replace(summary, seconds=time.perf_counter() - start)
 
 
 def summary_table(summary: CurationSummary) -> Table:
@@ -241,12 +365,13 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--input", required=True, type=Path, help="raw pool (with images/ and optional labels/)")
     parser.add_argument("--output", required=True, type=Path, help="curated dataset directory")
     parser.add_argument("--config", type=Path, help="YAML file of CurationConfig fields")
+    parser.add_argument("--work", type=Path, help="shards and per-shard scores (default: <output>.work)")
     args = parser.parse_args(None if argv is None else list(argv))
     try:
         config = CurationConfig.from_yaml(args.config) if args.config else CurationConfig()
     except (OSError, ValueError) as err:
         parser.error(str(err))
-    summary = curate(args.input, args.output, config)
+    summary = curate(args.input, args.output, config, args.work)
     console = Console()
     console.print(summary_table(summary))
     console.print(f"{summary.images_per_second:.1f} images/s; manifest: {summary.manifest_path}; "

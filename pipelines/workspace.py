@@ -34,6 +34,12 @@ class Workspace:
         return self.root / "data" / "curated"
 
     @property
+    def curation_work_dir(self) -> Path:
+        """Pool shards (``shards/``) and per-shard score files (``scores/``): the curation's
+        resumable intermediate state, beside the dataset and not versioned with it."""
+        return self.root / "data" / "curated.work"
+
+    @property
     def pretrain_dir(self) -> Path:
         return self.root / "models" / "pretrain"
 

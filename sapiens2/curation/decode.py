@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,9 @@ def decode_image(source: str | Path | bytes, max_pixels: int, min_short_side: in
                 # load() forces the full decode; a truncated JPEG fails here rather than later.
                 img.load()
                 rgb = to_rgb(ImageOps.exif_transpose(img))
+    except UnidentifiedImageError:
+        # Pillow's own message names the in-memory buffer's address, which differs on every run.
+        return Decoded(None, "unreadable: not an image format Pillow can identify", size)
     except Exception as exc:  # noqa: BLE001 - every decoder failure means the same verdict
         message = str(exc).strip() or type(exc).__name__
         return Decoded(None, f"unreadable: {message}", size)

@@ -78,9 +78,26 @@ class BackboneEmbedder:
             return _unit_rows(self.model(tensor).reshape(len(images), -1).numpy())
 
 
+class ClipEmbedder:
+    """The open_clip image embedding of ``config.clip``; shares the process's model (and the
+    embeddings of the latest batch) with the CLIP stages when they name the same model."""
+
+    def __init__(self, config: EmbeddingConfig) -> None:
+        from sapiens2.curation.clip import load_clip
+        from sapiens2.curation.config import ClipModelConfig
+
+        self.model = load_clip(config.clip or ClipModelConfig(), "curation.embedding.clip", "embedder 'clip'")
+        self.dim, self.input_side = self.model.dim, self.model.image_side
+
+    def __call__(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        return _unit_rows(self.model.embed_images(images))
+
+
 def build_embedder(config: EmbeddingConfig) -> Embedder:
     if config.embedder == "tiny_image":
         return TinyImageEmbedder(config.tiny_side)
+    if config.embedder == "clip":
+        return ClipEmbedder(config)
     return BackboneEmbedder(config)
 
 

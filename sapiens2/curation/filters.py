@@ -19,7 +19,8 @@ from sapiens2.curation.decode import decode_image
 from sapiens2.curation.embed import build_embedder
 from sapiens2.curation.stages import build_stages
 
-REASONS = ("unreadable", "too_small", "low_quality", "text_overlay", "no_person", "duplicate", "over_represented")
+REASONS = ("unreadable", "too_small", "low_quality", "text_overlay", "no_person", "clip_negative", "not_realistic",
+           "low_aesthetic", "unsafe", "head_pose", "duplicate", "over_represented")
 SCORE_COLUMNS = ("width", "height", "short_side", "sharpness", "brightness", "clipped_fraction",
                  "text_score", "person_score", "num_persons", "person_area", "phash", "sha256")
 

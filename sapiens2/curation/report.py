@@ -10,6 +10,7 @@ safe inside a Dagster or worker process).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -61,8 +62,8 @@ def _histograms(manifest: pd.DataFrame, path: Path) -> bool:
     return True
 
 
-def _thumbnail(path: Path) -> np.ndarray | None:
-    image = decode_image(path, 64_000_000).image
+def _thumbnail(data: bytes) -> np.ndarray | None:
+    image = decode_image(data, 64_000_000, _THUMB_SIDE).image
     if image is None:
         return None
     factor = _THUMB_SIDE / max(image.shape[:2])
@@ -70,8 +71,9 @@ def _thumbnail(path: Path) -> np.ndarray | None:
                       interpolation=cv2.INTER_AREA)
 
 
-def _thumbnails(rows: pd.DataFrame, image_root: Path, path: Path) -> bool:
-    thumbs = [(row.id, t) for row in rows.itertuples() if (t := _thumbnail(image_root / row.source_path)) is not None]
+def _thumbnails(rows: pd.DataFrame, read: Callable[[list[str]], list[bytes]], path: Path) -> bool:
+    thumbs = [(image_id, t) for image_id, data in zip(rows["id"], read(list(rows["source_path"])))
+              if (t := _thumbnail(data)) is not None]
     if not thumbs:
         return False
     fig = Figure(figsize=(1.4 * len(thumbs), 1.7), layout="constrained")
@@ -98,9 +100,12 @@ def _cluster_plot(sizes: dict[str, list[int]], path: Path) -> None:
     _save(fig, path)
 
 
-def write_report(manifest: pd.DataFrame, image_root: Path, output_dir: Path, config: CurationConfig,
-                 cluster_sizes: dict[str, list[int]] | None = None) -> Path:
-    """Write ``output_dir/report.md`` (and ``output_dir/report/*.png``); returns its path."""
+def write_report(manifest: pd.DataFrame, read: Callable[[list[str]], list[bytes]], output_dir: Path,
+                 config: CurationConfig, cluster_sizes: dict[str, list[int]] | None = None) -> Path:
+    """Write ``output_dir/report.md`` (and ``output_dir/report/*.png``); returns its path.
+
+    ``read`` maps source paths to the files' bytes (``PoolShards.read``), for the thumbnails.
+    """
     assets = output_dir / "report"
     shutil.rmtree(assets, ignore_errors=True)
     assets.mkdir(parents=True)
@@ -122,7 +127,7 @@ def write_report(manifest: pd.DataFrame, image_root: Path, output_dir: Path, con
     for reason, rows in gone.sort_values("id").groupby("reason", sort=True):
         sample = rows.head(_THUMBS_PER_REASON)
         lines += ["", f"### {reason} ({len(rows)})", ""]
-        if _thumbnails(sample, image_root, assets / f"rejected_{reason}.png"):
+        if _thumbnails(sample, read, assets / f"rejected_{reason}.png"):
             lines.append(f"![{reason}](report/rejected_{reason}.png)")
         else:
             lines.append("Not decodable: " + ", ".join(f"`{i}`" for i in sample["id"]))

@@ -166,3 +166,8 @@ class PersonStage(ScorerStage):
         if scores["num_persons"] < 1:
             return f"no prominent person (best HOG margin {scores['person_score']:.2f})"
         return None
+
+
+# Model-backed stages live in their own modules (heavy imports happen when a stage is built).
+from sapiens2.curation import clip, detector  # noqa: E402,F401  register their stages
+from sapiens2.curation import head_pose, ocr, safety  # noqa: E402,F401  register their stages

@@ -1,0 +1,166 @@
+"""The raw image pool as shards: tar files of images plus one Parquet index.
+
+A shard is the unit of parallel and resumable curation: each is filtered on its own (one Dagster
+partition, one Kubernetes pod at scale) into one score file, and a killed run restarts at the
+first shard without a finished score file. ``shards_dir`` holds ``pool-NNNNN.tar`` (members named
+by the file's path under the pool's image folder) and ``pool.parquet`` (``id``, ``source_path``,
+``shard``, ``size``, ``sha256``), written last, so an index always describes complete shards.
+
+Sharding is append-only: files new since the last index go into new shards and existing shards
+stay byte for byte, so their score files stay valid. If a file the index records has changed or
+gone, the pool is re-sharded from scratch (and every shard is filtered again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+INDEX = "pool.parquet"
+INDEX_COLUMNS = ("id", "source_path", "shard", "size", "sha256")
+
+
+def image_root(input_dir: Path) -> Path:
+    """A pool's images live under ``images/`` when it has one (labels beside it), else at its top."""
+    return input_dir / "images" if (input_dir / "images").is_dir() else input_dir
+
+
+def list_inputs(input_dir: Path) -> list[Path]:
+    """Every non-hidden file under the image root, sorted; ids (file stems) must be unique."""
+    root = image_root(input_dir)
+    files = sorted(p for p in root.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    seen: dict[str, Path] = {}
+    for path in files:
+        if path.stem in seen:
+            raise ValueError(f"two input files share the id {path.stem!r}: {seen[path.stem]} and {path}")
+        seen[path.stem] = path
+    return files
+
+
+def shard_name(number: int) -> str:
+    return f"pool-{number:05d}"
+
+
+@dataclass(frozen=True)
+class PoolShards:
+    """A sharded pool: ``index`` rows in shard order, then source path order within a shard."""
+
+    root: Path
+    index: pd.DataFrame
+
+    @property
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(self.index["shard"]))
+
+    def rows(self, shard: str) -> pd.DataFrame:
+        rows = self.index[self.index["shard"] == shard]
+        if rows.empty:
+            raise KeyError(f"{self.root / INDEX}: no shard named {shard!r}")
+        return rows
+
+    def digest(self, shard: str) -> str:
+        """Content identity of a shard: the hash of its members' paths and sha256s, in order."""
+        rows = self.rows(shard)
+        return hashlib.sha256("\n".join(f"{p} {h}" for p, h in zip(rows["source_path"], rows["sha256"])).encode()
+                              ).hexdigest()
+
+    def tar_path(self, shard: str) -> Path:
+        return self.root / f"{shard}.tar"
+
+    def iter_shard(self, shard: str) -> Iterator[tuple[str, bytes]]:
+        """(source_path, bytes) of every member, in index order; a member whose bytes no longer
+        match the index is an error naming the shard and the member."""
+        rows = self.rows(shard)
+        with tarfile.open(self.tar_path(shard)) as tar:
+            for source_path, sha256 in zip(rows["source_path"], rows["sha256"]):
+                data = _member_bytes(tar, source_path, self.tar_path(shard))
+                if hashlib.sha256(data).hexdigest() != sha256:
+                    raise ValueError(f"{self.tar_path(shard)}: member {source_path!r} does not match the "
+                                     f"sha256 in {self.root / INDEX}")
+                yield source_path, data
+
+    def read(self, source_paths: Sequence[str]) -> list[bytes]:
+        """The bytes of the given files, in the order asked; each shard's tar is opened once."""
+        where = dict(zip(self.index["source_path"], self.index["shard"]))
+        out: dict[str, bytes] = {}
+        for shard in dict.fromkeys(where[p] for p in source_paths):
+            with tarfile.open(self.tar_path(shard)) as tar:
+                for path in source_paths:
+                    if where[path] == shard:
+                        out[path] = _member_bytes(tar, path, self.tar_path(shard))
+        return [out[p] for p in source_paths]
+
+
+def _member_bytes(tar: tarfile.TarFile, name: str, tar_path: Path) -> bytes:
+    try:
+        handle = tar.extractfile(name)
+    except KeyError:
+        raise KeyError(f"{tar_path}: member {name!r} listed in the pool index is missing") from None
+    return handle.read()
+
+
+def open_pool(shards_dir: str | Path) -> PoolShards:
+    shards_dir = Path(shards_dir)
+    index = pd.read_parquet(shards_dir / INDEX)
+    missing = [c for c in INDEX_COLUMNS if c not in index]
+    if missing:
+        raise ValueError(f"{shards_dir / INDEX}: missing column(s) {missing}")
+    return PoolShards(shards_dir, index)
+
+
+def _write_tar(path: Path, members: Sequence[tuple[str, bytes]]) -> None:
+    """A tar whose bytes depend only on the members' names and contents (no times, owners)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, path)
+
+
+def _write_index(shards_dir: Path, index: pd.DataFrame) -> None:
+    tmp = shards_dir / f".{INDEX}.tmp"
+    index.to_parquet(tmp, index=False)
+    os.replace(tmp, shards_dir / INDEX)
+
+
+def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -> PoolShards:
+    """Bring ``shards_dir`` up to date with the files under ``input_dir`` (see the module docstring)."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    input_dir, shards_dir = Path(input_dir), Path(shards_dir)
+    root = image_root(input_dir)
+    files = {p.relative_to(root).as_posix(): p for p in list_inputs(input_dir)}
+    digests = {rel: hashlib.sha256(path.read_bytes()).hexdigest() for rel, path in files.items()}
+    shards_dir.mkdir(parents=True, exist_ok=True)
+    index = pd.DataFrame(columns=list(INDEX_COLUMNS))
+    if (shards_dir / INDEX).is_file():
+        index = open_pool(shards_dir).index
+        if any(digests.get(p) != h for p, h in zip(index["source_path"], index["sha256"])):
+            # A recorded file changed or went: its shard (and every score file) is stale.
+            for stale in shards_dir.glob("pool-*.tar"):
+                stale.unlink()
+            index = pd.DataFrame(columns=list(INDEX_COLUMNS))
+    new = sorted(set(files) - set(index["source_path"]))
+    first = 1 + max((int(s.split("-")[1]) for s in index["shard"]), default=-1)
+    added = []
+    for k in range(0, len(new), shard_size):
+        chunk, shard = new[k:k + shard_size], shard_name(first + k // shard_size)
+        members = [(rel, files[rel].read_bytes()) for rel in chunk]
+        _write_tar(shards_dir / f"{shard}.tar", members)
+        added += [{"id": files[rel].stem, "source_path": rel, "shard": shard, "size": len(data),
+                   "sha256": digests[rel]} for rel, data in members]
+    if added or not (shards_dir / INDEX).is_file():
+        index = pd.concat([index, pd.DataFrame(added, columns=list(INDEX_COLUMNS))], ignore_index=True)
+        index = index.astype({"id": str, "source_path": str, "shard": str, "size": "int64", "sha256": str})
+        _write_index(shards_dir, index)
+    return open_pool(shards_dir)
