@@ -1,6 +1,8 @@
 """The Dagster code location: every asset, check, job and resource of the platform."""
 
 
+import os
+
 import dagster as dg
 
 from assets.curation import (curated_dataset, curated_expectations, filter_shards_job, new_shards, pool_shards,
@@ -16,9 +18,25 @@ ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrai
               evaluation_report, registered_models, champion_models]
 ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 
-executor = dg.multiprocess_executor.configured({
-    "tag_concurrency_limits": [{"key": key, "value": value, "limit": 1} for key, value in TRAINING_TAGS.items()],
-})
+def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
+    """``SAPIENS2_EXECUTOR``: ``multiprocess`` (default; every step a process on this machine) or
+    ``k8s`` (every step a Kubernetes Job in the run's namespace, dagster-k8s). The assets are the
+    same either way; at scale each pool shard and each fine-tuning task gets its own pod."""
+    kind = kind or os.environ.get("SAPIENS2_EXECUTOR", "multiprocess")
+    limits = [{"key": key, "value": value, "limit": 1} for key, value in TRAINING_TAGS.items()]
+    if kind == "multiprocess":
+        return dg.multiprocess_executor.configured({"tag_concurrency_limits": limits})
+    if kind == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor.configured({
+            "env_config_maps": ["sapiens2-services"], "env_secrets": ["sapiens2-s3"],
+            "tag_concurrency_limits": limits,
+        })
+    raise ValueError(f"SAPIENS2_EXECUTOR={kind!r}: expected 'multiprocess' or 'k8s'")
+
+
+executor = build_executor()
 
 end_to_end = dg.define_asset_job(
     "end_to_end", selection=dg.AssetSelection.assets(*ALL_ASSETS), executor_def=executor,

@@ -22,8 +22,8 @@ from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
 from sapiens2.curation.stages import STAGES
 
-HISTOGRAM_COLUMNS = ("short_side", "sharpness", "brightness", "clipped_fraction", "text_score",
-                     "person_score", "person_area")
+# Score columns not worth a histogram: identifiers, hashes and the raw size (short_side says it).
+_NOT_PLOTTED = {"phash", "sha256", "width", "height"}
 _THUMBS_PER_REASON = 8
 _THUMB_SIDE = 96
 
@@ -46,12 +46,23 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=90, metadata={"Software": None})
 
 
-def _histograms(manifest: pd.DataFrame, path: Path) -> bool:
-    columns = [c for c in HISTOGRAM_COLUMNS if c in manifest and manifest[c].notna().any()]
+def histogram_columns(manifest: pd.DataFrame, config: CurationConfig) -> list[str]:
+    """The numeric score columns of the configured stages, in run order, that hold any value."""
+    columns = dict.fromkeys(c for name in config.stages for c in STAGES[name].columns if c not in _NOT_PLOTTED)
+    return [c for c in columns if c in manifest and pd.api.types.is_numeric_dtype(manifest[c])
+            and manifest[c].notna().any()]
+
+
+def _histograms(manifest: pd.DataFrame, columns: list[str], path: Path) -> bool:
     if not columns:
         return False
-    fig = Figure(figsize=(3.2 * len(columns), 2.8), layout="constrained")
-    for ax, col in zip(fig.subplots(1, len(columns), squeeze=False)[0], columns):
+    ncols = min(4, len(columns))
+    nrows = -(-len(columns) // ncols)
+    fig = Figure(figsize=(3.2 * ncols, 2.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[len(columns):]:
+        ax.axis("off")
+    for ax, col in zip(axes, columns):
         values = manifest[col].astype(float)
         edges = np.histogram_bin_edges(values.dropna(), bins=20)
         for status, colour in (("kept", "tab:green"), ("rejected", "tab:red")):
@@ -121,7 +132,7 @@ def write_report(manifest: pd.DataFrame, read: Callable[[list[str]], list[bytes]
     else:
         reasons = gone.groupby("reason", sort=True).agg(images=("id", "size"), example=("detail", "first"))
         lines.append(reasons.reset_index().to_markdown(index=False))
-    if _histograms(manifest, assets / "scores.png"):
+    if _histograms(manifest, histogram_columns(manifest, config), assets / "scores.png"):
         lines += ["", "## Score histograms (kept vs rejected)", "", "![scores](report/scores.png)"]
     lines += ["", "## Rejected examples per reason"]
     for reason, rows in gone.sort_values("id").groupby("reason", sort=True):

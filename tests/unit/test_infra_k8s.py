@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -192,3 +195,20 @@ def test_mlflow_deployment_uses_postgres_secret_and_the_bucket(objects: list[dic
     assert destination == f"{prefix}/mlflow" and services["SAPIENS2_DVC_REMOTE"] == f"{prefix}/dvc"
     assert services["SAPIENS2_CHECKPOINT_STORE"] == f"{prefix}/checkpoints"
     assert services["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+
+
+def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: list[dict]) -> None:
+    """The ConfigMap selects dagster-k8s's executor; the definitions load with it unchanged, and
+    the config maps and secrets it passes to step pods are the ones the manifests define."""
+    services = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sapiens2-services")
+    assert services["data"]["SAPIENS2_EXECUTOR"] == "k8s"
+    env = {**os.environ, "SAPIENS2_EXECUTOR": "k8s"}
+    probe = ("import dagster as dg; from assets.definitions import defs; dg.Definitions.validate_loadable(defs); "
+             "print({j: defs.resolve_job_def(j).executor_def.name for j in ('end_to_end', 'filter_shards')})")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "{'end_to_end': 'k8s', 'filter_shards': 'k8s'}"
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {("ConfigMap", "sapiens2-services"), ("Secret", "sapiens2-s3")} <= names
+    bad = subprocess.run([sys.executable, "-c", "import assets.definitions"], capture_output=True, text=True,
+                         env={**os.environ, "SAPIENS2_EXECUTOR": "slurm"})
+    assert bad.returncode != 0 and "SAPIENS2_EXECUTOR='slurm'" in bad.stderr
