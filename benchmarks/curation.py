@@ -19,7 +19,12 @@ Prints one JSON object with three measurements over the same files:
   each registered stage in order, `embed` when enabled, then the global `dedup` (with its ORB
   re-decodes), `balance`, `write` (manifest and copies) and `report`; `other` is the rest
   (listing, ids, splits), so the shares sum to 1. `single_process_chain_images_per_s` is that
-  run's rate; its decisions must equal the multi-worker run's.
+  run's rate; its decisions must equal the multi-worker run's. `shard` is packing the pool into
+  tar shards (``sapiens2.curation.pool``), which every run pays once per new file;
+* `ratio_draft_to_full_decode`: the per-image seconds (decode + stages, one worker) of the default
+  chain, which decodes JPEGs in draft mode at the largest input side its stages need, over the
+  same chain with `draft_decode=False` (full-resolution decode); `full_decode_status_counts`
+  shows whether the reduced decode changed any decision.
 
 Wall times depend on whatever else runs on the machine; `load_avg_1m` says how busy it was.
 """
@@ -127,8 +132,12 @@ def main() -> None:
         bare_s = bare_decode_seconds(files)
         summary = curate(pool, Path(tmp) / "chain", CurationConfig(workers=args.workers))
         single = curate(pool, Path(tmp) / "single", CurationConfig(workers=1))
+        full = curate(pool, Path(tmp) / "full", CurationConfig(workers=1, draft_decode=False))
     if single.status_counts != summary.status_counts:
         raise SystemExit(f"one worker decided {single.status_counts}, {args.workers} workers {summary.status_counts}")
+
+    def per_image(run) -> float:  # decode + every per-image stage: the part draft decoding changes
+        return sum(v for k, v in run.stage_seconds.items() if k not in ("shard", "dedup", "balance", "write", "report"))
 
     seconds = {**single.stage_seconds, "other": single.seconds - sum(single.stage_seconds.values())}
     total = single.seconds
@@ -140,6 +149,10 @@ def main() -> None:
         "ratio_chain_to_bare_decode": round(summary.images_per_second / bare_rate, 3),
         "single_process_chain_images_per_s": round(len(files) / total, 1),
         "ratio_single_process_to_bare_decode": round(len(files) / total / bare_rate, 3),
+        "per_image_seconds_draft": round(per_image(single), 3),
+        "per_image_seconds_full_decode": round(per_image(full), 3),
+        "ratio_draft_to_full_decode": round(per_image(single) / per_image(full), 3),
+        "full_decode_status_counts": full.status_counts,
         "stage_seconds": {name: round(s, 3) for name, s in seconds.items()},
         "stage_share": {name: round(s / total, 4) for name, s in seconds.items()},
         "status_counts": summary.status_counts,

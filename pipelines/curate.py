@@ -342,10 +342,12 @@ def curate(input_dir: str | Path, output_dir: str | Path, config: CurationConfig
         raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(output_dir)
     pool = shard_pool(input_dir, work_dir / "shards", config.shard_size)
+    sharding = time.perf_counter() - start
     with workers(config) as workers_pool:
         filter_pool(pool, work_dir / "scores", config, workers_pool)
         summary = merge_shards(pool, work_dir / "scores", input_dir, output_dir, config, workers_pool)
-    return dataclasses.replace(summary, seconds=time.perf_counter() - start)
+    return dataclasses.replace(summary, seconds=time.perf_counter() - start,
+                               stage_seconds={"shard": round(sharding, 4), **summary.stage_seconds})
 
 
 def summary_table(summary: CurationSummary) -> Table:

@@ -50,7 +50,7 @@ class FilterChain:
         if self.embedder is not None:
             needs.append(getattr(self.embedder, "input_side", None))
         # Decode only as much as the hungriest consumer needs (JPEG draft mode); None = full size.
-        self.decode_side = None if None in needs else max(needs, default=None)
+        self.decode_side = None if None in needs or not config.draft_decode else max(needs, default=None)
 
     def assess_batch(self, paths: Sequence[str | Path | bytes], seconds: Counter | None = None) -> list[dict[str, Any]]:
         """Manifest rows (without id, paths, dedup, cluster and split columns) for ``paths``
