@@ -10,7 +10,10 @@ anchor, NMS and ROI code is re-implemented.
 Angles are Tait-Bryan angles of the face's rotation in camera axes (x right, y down, z into
 the scene), ``R = Rz(roll) Ry(yaw) Rx(pitch)``, all zero for a face looking into the camera:
 positive yaw turns the nose toward the image's left, positive pitch tilts it down, positive
-roll turns the face clockwise in the image. A horizontal mirror negates yaw and roll.
+roll turns the face clockwise in the image. A horizontal mirror negates yaw and roll. Yaw and
+roll are what the stage is for; pitch carries the template's bias (the generic nose tip sits
+midway between eyes and mouth, MediaPipe's lower), so frontal portraits read 15-35 degrees of
+pitch: compare it between images, do not threshold it as an absolute angle.
 """
 
 from __future__ import annotations
@@ -80,6 +83,19 @@ def euler_degrees(rotation: np.ndarray) -> tuple[float, float, float]:
     pitch = math.atan2(rotation[2, 1], rotation[2, 2])
     roll = math.atan2(rotation[1, 0], rotation[0, 0])
     return math.degrees(yaw), math.degrees(pitch), math.degrees(roll)
+
+
+def camera_matrix(height: int, width: int) -> np.ndarray:
+    """Pinhole guess for an unknown camera: focal length = long side (~53 degrees across it)."""
+    focal = float(max(height, width))
+    return np.array([[focal, 0, width / 2], [0, focal, height / 2], [0, 0, 1]])
+
+
+def head_angles(points: np.ndarray, height: int, width: int) -> tuple[float, float, float] | None:
+    """(yaw, pitch, roll) fitting ``FACE_3D`` to its six image points (in ``FACE_3D`` order)."""
+    ok, rvec, _ = cv2.solvePnP(_MODEL_POINTS, points.astype(np.float64), camera_matrix(height, width), None,
+                               flags=cv2.SOLVEPNP_SQPNP)
+    return euler_degrees(cv2.Rodrigues(rvec)[0]) if ok else None
 
 
 class HeadPoseEstimator:
@@ -155,14 +171,10 @@ class HeadPoseEstimator:
         # crop MediaPipe's tracking feeds the mesh: better centred, it halves the mirror asymmetry.
         tracked = self.landmarks(image, np.r_[mesh.min(axis=0), mesh.max(axis=0)], mesh[[33, 263]])
         mesh = mesh if tracked is None else tracked
-        height, width = image.shape[:2]
-        focal = float(max(height, width))  # a ~53 degree field of view over the long side
-        camera = np.array([[focal, 0, width / 2], [0, focal, height / 2], [0, 0, 1]])
-        ok, rvec, _ = cv2.solvePnP(_MODEL_POINTS, mesh[_MESH_POINTS], camera, None, flags=cv2.SOLVEPNP_SQPNP)
-        if not ok:
+        angles = head_angles(mesh[_MESH_POINTS], *image.shape[:2])
+        if angles is None:
             return none
-        yaw, pitch, roll = euler_degrees(cv2.Rodrigues(rvec)[0])
-        return {"face_found": 1, "head_yaw": yaw, "head_pitch": pitch, "head_roll": roll}
+        return {"face_found": 1, "head_yaw": angles[0], "head_pitch": angles[1], "head_roll": angles[2]}
 
 
 @register

@@ -27,9 +27,10 @@ _MAX_CANDIDATES = 1000  # RapidOCR's cap on contours per image
 _MIN_SIDE = 3  # px on the probability map; thinner boxes are noise (RapidOCR's min_size)
 
 
-def model_size(height: int, width: int, long_side: int) -> tuple[int, int]:
-    """(height, width) the detector sees: long side ``long_side``, both sides multiples of 32."""
-    ratio = long_side / max(height, width)
+def model_size(height: int, width: int, long_side: int, max_upscale: float) -> tuple[int, int]:
+    """(height, width) the detector sees: long side ``long_side`` (small images enlarged at most
+    ``max_upscale`` times), both sides multiples of 32."""
+    ratio = min(long_side / max(height, width), max_upscale)
     return max(32, round(height * ratio / 32) * 32), max(32, round(width * ratio / 32) * 32)
 
 
@@ -85,7 +86,8 @@ class TextOcrStage(Stage):
         # One forward pass per distinct model input size (a web batch of one size is one pass).
         groups: dict[tuple[int, int], list[int]] = {}
         for i, image in enumerate(images):
-            groups.setdefault(model_size(*image.shape[:2], self.config.long_side), []).append(i)
+            size = model_size(*image.shape[:2], self.config.long_side, self.config.max_upscale)
+            groups.setdefault(size, []).append(i)
         for (height, width), members in groups.items():
             batch = np.stack([_normalise(cv2.resize(images[i], (width, height), interpolation=cv2.INTER_LINEAR))
                               for i in members])

@@ -34,7 +34,9 @@ def nudenet_input(image: np.ndarray, size: int) -> np.ndarray:
 
 @register
 class SafetyStage(Stage):
-    name, reason, columns = "safety", "unsafe", ("nsfw_score", "nsfw_class")
+    # Score columns are numeric in the manifest (pipelines.curate stores them as float), so the
+    # winning class is not a column; ``nsfw_class`` names it for inspection.
+    name, reason, columns = "safety", "unsafe", ("nsfw_score",)
 
     def __init__(self, config: CurationConfig) -> None:
         self.config = config.safety
@@ -44,18 +46,23 @@ class SafetyStage(Stage):
         # The padded square's long side becomes input_size: no short side needs more.
         self.input_side = self.config.input_size
 
-    def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
+    def class_scores(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """(N, len(unsafe_classes)): each unsafe class's highest probability over the anchors."""
         if not images:
-            return {"nsfw_score": [], "nsfw_class": []}
+            return np.zeros((0, len(self.unsafe)), np.float32)
         batch = np.stack([nudenet_input(image, self.config.input_size) for image in images])
         # output0: (N, 4 + 18, anchors): box centre/size, then one sigmoid probability per class.
-        probs = self.session.run(None, {self.input_name: batch})[0][:, 4:, :][:, self.unsafe, :]
-        best = probs.max(axis=2)  # (N, unsafe classes)
-        top = best.argmax(axis=1)
-        return {"nsfw_score": [float(best[i, k]) for i, k in enumerate(top)],
-                "nsfw_class": [self.config.unsafe_classes[k] for k in top]}
+        probs = self.session.run(None, {self.input_name: batch})[0][:, 4:, :]
+        return probs[:, self.unsafe, :].max(axis=2)
+
+    def nsfw_class(self, images: Sequence[np.ndarray]) -> list[str]:
+        """The unsafe class behind each image's ``nsfw_score``."""
+        return [self.config.unsafe_classes[k] for k in self.class_scores(images).argmax(axis=1)]
+
+    def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
+        return {"nsfw_score": [float(v) for v in self.class_scores(images).max(axis=1)]}
 
     def judge(self, scores: Mapping[str, Any]) -> str | None:
         if scores["nsfw_score"] > self.config.max_nsfw_score:
-            return f"{scores['nsfw_class']} score {scores['nsfw_score']:.3f} > {self.config.max_nsfw_score}"
+            return f"unsafe-class score {scores['nsfw_score']:.3f} > {self.config.max_nsfw_score}"
         return None
