@@ -111,7 +111,8 @@ def assign_split(image_id: str, val_fraction: float) -> str:
 
 
 _CHAIN: FilterChain | None = None
-# Columns whose values are text (None when missing); every other score column is stored as float.
+# Columns whose values are text (None when missing); a stage's other columns are stored as float
+# when all their values are numbers, else as text.
 _TEXT_COLUMNS = ("id", "source_path", "status", "reason", "detail", "phash", "sha256")
 _META_KEY = b"sapiens2.curation"
 
@@ -193,10 +194,12 @@ def _score_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     columns = list(dict.fromkeys(k for row in rows for k in row if k != "_embedding"))
     table = pd.DataFrame(rows, columns=columns)
     for col in columns:
-        if col in _TEXT_COLUMNS:
-            table[col] = table[col].astype(object).where(table[col].notna(), None)
+        values = table[col].dropna()
+        numeric = col not in _TEXT_COLUMNS and all(isinstance(v, (int, float, np.number)) for v in values)
+        if numeric:  # a stage's numbers are floats in every shard, even a shard where all are missing
+            table[col] = table[col].astype("float64")
         else:
-            table[col] = pd.to_numeric(table[col], errors="raise").astype("float64")
+            table[col] = table[col].astype(object).where(table[col].notna(), None)
     if any("_embedding" in row for row in rows):
         table["embedding"] = [row.get("_embedding") for row in rows]
     return table

@@ -102,6 +102,30 @@ def test_filters_agree_with_pool_labels(pool, curated):
     assert not failures, failures
 
 
+def _precision_recall(expected: pd.Series, got: pd.Series, reason: str) -> tuple[float, float]:
+    hits = int(((expected == reason) & (got == reason)).sum())
+    return hits / max(1, int((got == reason).sum())), hits / max(1, int((expected == reason).sum()))
+
+
+def test_packaged_model_stages_on_the_pool(pool, tmp_path):
+    """The opt-in packaged-model stages on the same labelled pool: the PP-OCR text detector in
+    place of the classical one, then the NudeNet safety stage, which should take no person.
+    Measured (seed 7): text_ocr precision and recall 1.00/1.00; safety rejected 1 of 160 people
+    (0.5 % of 560 people over seeds 0-3). Thresholds leave a margin under those."""
+    root, labels = pool
+    config = CurationConfig(workers=2, stages=("size", "phash", "text_ocr", "safety"))
+    joined = labels.merge(pd.read_parquet(curate(root, tmp_path / "out", config).manifest_path), on="id")
+    expected, got = joined["expected_reason"].fillna("kept"), joined["reason"].fillna("kept")
+    precision, recall = _precision_recall(expected, got, "text_overlay")
+    print(f"\ntext_ocr      precision {precision:.3f} (>= 0.9)  recall {recall:.3f} (>= 0.9)")
+    people = joined[joined["kind"].isin(["person", "duplicate", "near_duplicate"])]
+    unsafe = float((people["reason"] == "unsafe").mean())
+    print(f"safety        people rejected as unsafe {unsafe:.3f} (<= 0.02) of {len(people)}")
+    assert precision >= 0.9 and recall >= 0.9
+    assert unsafe <= 0.02
+    assert joined["nsfw_score"].notna().sum() > 0.5 * len(joined)  # every survivor of text_ocr was scored
+
+
 def test_manifest_is_deterministic_across_runs_and_worker_counts(pool, curated, tmp_path):
     root, _ = pool
     out, summary = curated
