@@ -194,6 +194,21 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def download_problems(path: Path, head: dict) -> list[str]:
+    """What differs between a downloaded file and its object's `head_object` answer: size always,
+    the MD5 for single-part objects (whose ETag is it), and the `sha256` metadata our uploads set."""
+    size = path.stat().st_size
+    etag = head["ETag"].strip('"')
+    sha256, md5 = file_digests(path, max(size, 1))
+    expected_sha = head.get("Metadata", {}).get("sha256")
+    problems = [f"size {size} != {head['ContentLength']}"] if size != head["ContentLength"] else []
+    if "-" not in etag and etag != md5:
+        problems.append(f"MD5 {md5} != ETag {etag}")
+    if expected_sha and expected_sha != sha256:
+        problems.append("sha256 differs from the object's metadata")
+    return problems
+
+
 def download_prefix(uri: str, dest: str | Path, settings: ServiceSettings | None = None, *, s3=None,
                     progress: bool = True) -> list[Path]:
     """Copy every object under `s3://bucket/prefix` to `dest`, keeping paths relative to the prefix.
@@ -221,16 +236,7 @@ def download_prefix(uri: str, dest: str | Path, settings: ServiceSettings | None
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
         s3.download_file(bucket, obj["Key"], str(partial))
-        head = s3.head_object(Bucket=bucket, Key=obj["Key"])
-        size = partial.stat().st_size
-        etag = head["ETag"].strip('"')
-        sha256, md5 = file_digests(partial, max(size, 1))
-        expected_sha = head.get("Metadata", {}).get("sha256")
-        problems = [f"size {size} != {head['ContentLength']}"] if size != head["ContentLength"] else []
-        if "-" not in etag and etag != md5:
-            problems.append(f"MD5 {md5} != ETag {etag}")
-        if expected_sha and expected_sha != sha256:
-            problems.append("sha256 differs from the object's metadata")
+        problems = download_problems(partial, s3.head_object(Bucket=bucket, Key=obj["Key"]))
         if problems:
             partial.unlink()
             raise UploadVerificationError(f"s3://{bucket}/{obj['Key']}: {'; '.join(problems)}")

@@ -44,7 +44,7 @@ def resolve_model(uri: str | Path, *, field: str = "model", cache_dir: str | Pat
 def _fetch_s3(uri: str, field: str, cache: Path, settings, s3) -> Path:
     from botocore.exceptions import ClientError
 
-    from pipelines.s3 import UploadVerificationError, client, file_digests, split_uri
+    from pipelines.s3 import UploadVerificationError, client, download_problems, split_uri
 
     try:
         bucket, key = split_uri(uri)
@@ -73,14 +73,7 @@ def _fetch_s3(uri: str, field: str, cache: Path, settings, s3) -> Path:
     partial = Path(partial_name)
     try:
         s3.download_file(bucket, key, str(partial))
-        size = partial.stat().st_size
-        sha256, md5 = file_digests(partial, max(size, 1))
-        etag, expected_sha = head["ETag"].strip('"'), head.get("Metadata", {}).get("sha256")
-        problems = [f"size {size} != {head['ContentLength']}"] if size != head["ContentLength"] else []
-        if "-" not in etag and etag != md5:
-            problems.append(f"MD5 {md5} != ETag {etag}")
-        if expected_sha and expected_sha != sha256:
-            problems.append("sha256 differs from the object's metadata")
+        problems = download_problems(partial, head)
         if problems:
             raise UploadVerificationError(f"{field}: download of {uri} failed verification: {'; '.join(problems)}")
         partial.replace(target)
