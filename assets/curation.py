@@ -87,7 +87,10 @@ def shard_scores(context: dg.AssetExecutionContext, platform: PlatformResource) 
                                           "path": dg.MetadataValue.path(str(path))})
 
 
-@dg.asset(group_name="curation", deps=[raw_pool, pool_shards, shard_scores], kinds={"python", "mlflow"})
+# shard_scores is not a declared dependency: curated_dataset filters the shards its partitions
+# have not, so a pool never filtered by partition runs is no "missing upstream" (the UI would ask
+# to confirm every "Materialize all"); it records the shards it filtered as those partitions.
+@dg.asset(group_name="curation", deps=[raw_pool, pool_shards], kinds={"python", "mlflow"})
 def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResource) -> dg.MaterializeResult:
     """Filter the shards `shard_scores` has not (size, quality, text, person), then dedup,
     balance and split over all of them; a killed run resumes at the first unfinished shard."""
