@@ -18,6 +18,9 @@ ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrai
               evaluation_report, registered_models, champion_models]
 ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 
+K8S_WORKSPACE_CLAIM = "sapiens2-workspace"  # infra/k8s/storage.yaml: shared by every run and step pod
+
+
 def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
     """``SAPIENS2_EXECUTOR``: ``multiprocess`` (default; every step a process on this machine) or
     ``k8s`` (every step a Kubernetes Job in the run's namespace, dagster-k8s). The assets are the
@@ -31,6 +34,8 @@ def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
 
         return k8s_job_executor.configured({
             "env_config_maps": ["sapiens2-services"], "env_secrets": ["sapiens2-s3"],
+            "volume_mounts": [{"name": "workspace", "mount_path": "/workspace"}],
+            "volumes": [{"name": "workspace", "persistent_volume_claim": {"claim_name": K8S_WORKSPACE_CLAIM}}],
             "tag_concurrency_limits": limits,
         })
     raise ValueError(f"SAPIENS2_EXECUTOR={kind!r}: expected 'multiprocess' or 'k8s'")

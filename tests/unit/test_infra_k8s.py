@@ -203,12 +203,26 @@ def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: l
     services = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sapiens2-services")
     assert services["data"]["SAPIENS2_EXECUTOR"] == "k8s"
     env = {**os.environ, "SAPIENS2_EXECUTOR": "k8s"}
+    # validate_run_config resolves the configured executor's settings against dagster-k8s's schema.
     probe = ("import dagster as dg; from assets.definitions import defs; dg.Definitions.validate_loadable(defs); "
-             "print({j: defs.resolve_job_def(j).executor_def.name for j in ('end_to_end', 'filter_shards')})")
+             "jobs = {j: defs.resolve_job_def(j) for j in ('end_to_end', 'filter_shards')}; "
+             "[dg.validate_run_config(job, {}) for job in jobs.values()]; "
+             "print({name: job.executor_def.name for name, job in jobs.items()})")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "{'end_to_end': 'k8s', 'filter_shards': 'k8s'}"
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert {("ConfigMap", "sapiens2-services"), ("Secret", "sapiens2-s3")} <= names
+    # Run pods (Helm values) and step pods (the executor) share one workspace volume.
+    from assets.definitions import K8S_WORKSPACE_CLAIM
+
+    assert ("PersistentVolumeClaim", K8S_WORKSPACE_CLAIM) in names
+    claim = next(o for o in objects if o["metadata"]["name"] == K8S_WORKSPACE_CLAIM)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    run_pods = yaml.safe_load((K8S / "dagster-values.yaml").read_text())["runLauncher"]["config"]["k8sRunLauncher"]
+    (volume,) = run_pods["runK8sConfig"]["podSpecConfig"]["volumes"]
+    (mount,) = run_pods["runK8sConfig"]["containerConfig"]["volumeMounts"]
+    assert volume["persistentVolumeClaim"]["claimName"] == K8S_WORKSPACE_CLAIM
+    assert mount["mountPath"] == services["data"]["SAPIENS2_WORKSPACE"] == "/workspace"
     bad = subprocess.run([sys.executable, "-c", "import assets.definitions"], capture_output=True, text=True,
                          env={**os.environ, "SAPIENS2_EXECUTOR": "slurm"})
     assert bad.returncode != 0 and "SAPIENS2_EXECUTOR='slurm'" in bad.stderr
