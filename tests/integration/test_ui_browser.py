@@ -202,6 +202,7 @@ def test_materialize_all_clicked_in_dagster_runs_the_job_to_success(stack: Stack
     # The pool's shard is a partition of shard_scores, materialised by the run's curated_dataset step.
     page.goto(f"{stack.dagster_url}/assets/shard_scores?view=partitions")
     expect(page.get_by_text("pool-00000").first).to_be_visible()
+    expect(page.get_by_text("Materialized (1)")).to_be_visible()
     _shot(page, artifacts, "04b-dagster-shard-partitions")
     instance = dg.DagsterInstance.from_config(str(stack.dagster_home))
     materialized = {e.dagster_event.asset_key.to_user_string() for e in instance.all_logs(ui_run.run_id)
