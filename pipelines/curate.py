@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -168,10 +169,16 @@ def config_fingerprint(config: CurationConfig) -> str:
         "balance"})
     settings["embedding"].pop("near_dup_cosine")
     settings["needs_embeddings"] = config.needs_embeddings
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + _code_digest()).hexdigest()
+
+
+@functools.cache
+def _code_digest() -> bytes:
+    """The curation package's source, hashed once per process (the code a process runs is fixed)."""
     code = hashlib.sha256()
     for source in sorted(CURATION_CODE.glob("*.py")):
         code.update(source.name.encode() + source.read_bytes())
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + code.digest()).hexdigest()
+    return code.digest()
 
 
 def score_path(scores_dir: Path, shard: str) -> Path:
