@@ -80,8 +80,9 @@ class PoolShards:
         match the index is an error naming the shard and the member."""
         rows = self.rows(shard)
         with tarfile.open(self.tar_path(shard)) as tar:
+            members = {m.name: m for m in tar.getmembers()}
             for source_path, sha256 in zip(rows["source_path"], rows["sha256"]):
-                data = _member_bytes(tar, source_path, self.tar_path(shard))
+                data = _member_bytes(tar, members, source_path, self.tar_path(shard))
                 if hashlib.sha256(data).hexdigest() != sha256:
                     raise ValueError(f"{self.tar_path(shard)}: member {source_path!r} does not match the "
                                      f"sha256 in {self.root / INDEX}")
@@ -90,21 +91,21 @@ class PoolShards:
     def read(self, source_paths: Sequence[str]) -> list[bytes]:
         """The bytes of the given files, in the order asked; each shard's tar is opened once."""
         where = dict(zip(self.index["source_path"], self.index["shard"]))
+        by_shard: dict[str, list[str]] = {}
+        for path in dict.fromkeys(source_paths):
+            by_shard.setdefault(where[path], []).append(path)
         out: dict[str, bytes] = {}
-        for shard in dict.fromkeys(where[p] for p in source_paths):
+        for shard, paths in by_shard.items():
             with tarfile.open(self.tar_path(shard)) as tar:
-                for path in source_paths:
-                    if where[path] == shard:
-                        out[path] = _member_bytes(tar, path, self.tar_path(shard))
+                members = {m.name: m for m in tar.getmembers()}
+                out |= {path: _member_bytes(tar, members, path, self.tar_path(shard)) for path in paths}
         return [out[p] for p in source_paths]
 
 
-def _member_bytes(tar: tarfile.TarFile, name: str, tar_path: Path) -> bytes:
-    try:
-        handle = tar.extractfile(name)
-    except KeyError:
-        raise KeyError(f"{tar_path}: member {name!r} listed in the pool index is missing") from None
-    return handle.read()
+def _member_bytes(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str, tar_path: Path) -> bytes:
+    if name not in members:
+        raise KeyError(f"{tar_path}: member {name!r} listed in the pool index is missing")
+    return tar.extractfile(members[name]).read()
 
 
 def open_pool(shards_dir: str | Path) -> PoolShards:
@@ -140,12 +141,12 @@ def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -
     input_dir, shards_dir = Path(input_dir), Path(shards_dir)
     root = image_root(input_dir)
     files = {p.relative_to(root).as_posix(): p for p in list_inputs(input_dir)}
-    digests = {rel: hashlib.sha256(path.read_bytes()).hexdigest() for rel, path in files.items()}
     shards_dir.mkdir(parents=True, exist_ok=True)
     index = pd.DataFrame(columns=list(INDEX_COLUMNS))
     if (shards_dir / INDEX).is_file():
         index = open_pool(shards_dir).index
-        if any(digests.get(p) != h for p, h in zip(index["source_path"], index["sha256"])):
+        if any(p not in files or hashlib.sha256(files[p].read_bytes()).hexdigest() != h
+               for p, h in zip(index["source_path"], index["sha256"])):
             # A recorded file changed or went: its shard (and every score file) is stale.
             for stale in shards_dir.glob("pool-*.tar"):
                 stale.unlink()
@@ -158,7 +159,7 @@ def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -
         members = [(rel, files[rel].read_bytes()) for rel in chunk]
         _write_tar(shards_dir / f"{shard}.tar", members)
         added += [{"id": files[rel].stem, "source_path": rel, "shard": shard, "size": len(data),
-                   "sha256": digests[rel]} for rel, data in members]
+                   "sha256": hashlib.sha256(data).hexdigest()} for rel, data in members]
     if added or not (shards_dir / INDEX).is_file():
         index = pd.concat([index, pd.DataFrame(added, columns=list(INDEX_COLUMNS))], ignore_index=True)
         index = index.astype({"id": str, "source_path": str, "shard": str, "size": "int64", "sha256": str})
