@@ -4,11 +4,14 @@ A shard is the unit of parallel and resumable curation: each is filtered on its 
 partition, one Kubernetes pod at scale) into one score file, and a killed run restarts at the
 first shard without a finished score file. ``shards_dir`` holds ``pool-NNNNN.tar`` (members named
 by the file's path under the pool's image folder) and ``pool.parquet`` (``id``, ``source_path``,
-``shard``, ``size``, ``sha256``), written last, so an index always describes complete shards.
+``shard``, ``size``, ``sha256``, ``mtime_ns``), written last, so an index always describes
+complete shards.
 
 Sharding is append-only: files new since the last index go into new shards and existing shards
 stay byte for byte, so their score files stay valid. If a file the index records has changed or
-gone, the pool is re-sharded from scratch (and every shard is filtered again).
+gone, the pool is re-sharded from scratch (and every shard is filtered again). Like make and
+rsync, a recorded file whose size and modification time are unchanged is taken as unchanged;
+only the others are hashed, so bringing a large pool up to date costs a ``stat`` per file.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 INDEX = "pool.parquet"
-INDEX_COLUMNS = ("id", "source_path", "shard", "size", "sha256")
+INDEX_COLUMNS = ("id", "source_path", "shard", "size", "sha256", "mtime_ns")
 
 
 def image_root(input_dir: Path) -> Path:
@@ -134,6 +137,17 @@ def _write_index(shards_dir: Path, index: pd.DataFrame) -> None:
     os.replace(tmp, shards_dir / INDEX)
 
 
+def _current_mtime(path: Path | None, size: int, mtime_ns: int, sha256: str) -> int | None:
+    """The recorded file's modification time now, or None when it is gone or its bytes differ;
+    the content is hashed only when size or time changed."""
+    if path is None:
+        return None
+    stat = path.stat()
+    if stat.st_size == size and stat.st_mtime_ns == mtime_ns:
+        return mtime_ns
+    return stat.st_mtime_ns if hashlib.sha256(path.read_bytes()).hexdigest() == sha256 else None
+
+
 def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -> PoolShards:
     """Bring ``shards_dir`` up to date with the files under ``input_dir`` (see the module docstring)."""
     if shard_size < 1:
@@ -145,12 +159,18 @@ def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -
     index = pd.DataFrame(columns=list(INDEX_COLUMNS))
     if (shards_dir / INDEX).is_file():
         index = open_pool(shards_dir).index
-        if any(p not in files or hashlib.sha256(files[p].read_bytes()).hexdigest() != h
-               for p, h in zip(index["source_path"], index["sha256"])):
+        mtimes = [_current_mtime(files.get(p), size, mtime, sha256)
+                  for p, size, mtime, sha256 in zip(index["source_path"], index["size"], index["mtime_ns"], index["sha256"])]
+        if None in mtimes:
             # A recorded file changed or went: its shard (and every score file) is stale.
             for stale in shards_dir.glob("pool-*.tar"):
                 stale.unlink()
             index = pd.DataFrame(columns=list(INDEX_COLUMNS))
+        elif mtimes != list(index["mtime_ns"]):
+            # Rewritten with the same bytes (a regenerated pool): remember the new times, so the
+            # next sync does not hash them again.
+            index = index.assign(mtime_ns=mtimes)
+            _write_index(shards_dir, index)
     new = sorted(set(files) - set(index["source_path"]))
     first = 1 + max((int(s.split("-")[1]) for s in index["shard"]), default=-1)
     added = []
@@ -159,9 +179,11 @@ def shard_pool(input_dir: str | Path, shards_dir: str | Path, shard_size: int) -
         members = [(rel, files[rel].read_bytes()) for rel in chunk]
         _write_tar(shards_dir / f"{shard}.tar", members)
         added += [{"id": files[rel].stem, "source_path": rel, "shard": shard, "size": len(data),
-                   "sha256": hashlib.sha256(data).hexdigest()} for rel, data in members]
+                   "sha256": hashlib.sha256(data).hexdigest(), "mtime_ns": files[rel].stat().st_mtime_ns}
+                  for rel, data in members]
     if added or not (shards_dir / INDEX).is_file():
         index = pd.concat([index, pd.DataFrame(added, columns=list(INDEX_COLUMNS))], ignore_index=True)
-        index = index.astype({"id": str, "source_path": str, "shard": str, "size": "int64", "sha256": str})
+        index = index.astype({"id": str, "source_path": str, "shard": str, "size": "int64", "sha256": str,
+                              "mtime_ns": "int64"})
         _write_index(shards_dir, index)
     return open_pool(shards_dir)

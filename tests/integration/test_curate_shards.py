@@ -61,6 +61,15 @@ def test_sharding_is_deterministic_and_append_only(pool: Path, tmp_path: Path) -
     assert grown.names == [*first.names, f"pool-{len(first.names):05d}"]
     assert sorted(grown.rows(grown.names[-1])["source_path"]) == ["aa_new.png", "zz_new.jpg"]
 
+    # Same bytes written again (a regenerated pool): nothing is packed; the index learns the time.
+    rewritten = extra / "images" / images[3].name
+    data = rewritten.read_bytes()
+    rewritten.unlink()
+    rewritten.write_bytes(data)
+    same = shard_pool(extra, tmp_path / "a", shard_size=10)
+    assert _tar_state(tmp_path / "a") == after and same.names == grown.names
+    assert int(same.index.set_index("source_path").loc[images[3].name, "mtime_ns"]) == rewritten.stat().st_mtime_ns
+
     # A recorded file that changed makes every shard stale: the pool is packed again.
     (extra / "images" / images[2].name).unlink()
     (extra / "images" / images[2].name).write_bytes(b"changed")
