@@ -26,6 +26,7 @@ import numpy as np
 
 from sapiens2.curation.config import CurationConfig, OnnxDetectorConfig
 from sapiens2.curation.model_store import resolve_model
+from sapiens2.curation.packaged import onnx_session
 from sapiens2.curation.stages import Stage, register
 
 PAD = 114 / 255  # the letterbox grey of YOLO exports
@@ -47,12 +48,8 @@ class OnnxPersonDetector:
     (curation parallelises across worker processes)."""
 
     def __init__(self, config: OnnxDetectorConfig, path: Path) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = onnx_session(path)
         except Exception as exc:  # onnxruntime raises its own exception types for bad files
             raise ValueError(f"curation.onnx_person.model: {path} is not a loadable ONNX model: {exc}") from exc
         self.path, self.config = path, config

@@ -1,4 +1,5 @@
-"""Model files shipped inside installed pip packages, and single-threaded runtimes to run them.
+"""Model files shipped inside installed pip packages, and single-threaded runtimes to run them
+(also for the ONNX models a config names, ``detector``).
 
 The curation model stages (safety, text_ocr, head_pose) use weights that their pip packages
 carry, so nothing is ever downloaded. Files are located without importing the package: some of
