@@ -10,11 +10,11 @@ from assets.curation import (curated_dataset, curated_expectations, filter_shard
 from assets.registry import (champion_models, evaluation_report, every_task_beats_baseline, registered_models,
                              rollback_job)
 from assets.resources import DvcResource, PlatformResource
-from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone
+from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone, scratch_models
 
 # The end-to-end graph; `shard_scores` (partitioned per pool shard) runs on its own, from the
 # new_shards sensor or a backfill, and curated_dataset filters whatever shards it left.
-ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models,
+ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrained_backbone, *finetuned_models, *scratch_models,
               evaluation_report, registered_models, champion_models]
 ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 

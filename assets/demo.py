@@ -15,6 +15,7 @@ import time
 
 import dagster as dg
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from pipelines import tracking
 from pipelines.config import TASK_NAMES, load_config
@@ -45,7 +46,11 @@ def champions(ws: Workspace) -> list[tuple[str, str]]:
     for task in TASK_NAMES:
         production = Production.for_model(f"{prefix}-{task}", client)
         name = production.name
-        version = production.client.get_model_version_by_alias(name, "champion").version
+        try:
+            version = production.client.get_model_version_by_alias(name, "champion").version
+        except MlflowException:
+            out.append((f"models:/{name}@champion", "none: no version has passed the gate"))
+            continue
         out.append((f"models:/{name}@champion", f"version {version}"))
     return out
 

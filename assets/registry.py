@@ -12,22 +12,23 @@ from pydantic import Field
 from assets import metadata
 from assets.curation import TRANSIENT
 from assets.resources import DvcResource, PlatformResource
-from assets.training import finetuned_models, pretrained_backbone
+from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from pipelines import tracking
 from pipelines.config import TASK_NAMES
 from pipelines.evaluate import evaluate
 from pipelines.lineage import Lineage, dvc_hash
 from pipelines.promote import Production, Request, promote
-from pipelines.register import register_all
+from pipelines.register import gated_out, register_all
 from pipelines.rollback import rollback
 
 
-@dg.asset(group_name="evaluation", deps=finetuned_models, kinds={"pytorch", "mlflow", "dvc"})
+@dg.asset(group_name="evaluation", deps=[*finetuned_models, *scratch_models], kinds={"pytorch", "mlflow", "dvc"})
 def evaluation_report(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource) -> dg.MaterializeResult:
-    """Every task's field-standard metric on the held-out split, beside its untrained-head baseline."""
+    """Every task's field-standard metric on the held-out split, beside its trivial baselines
+    (fitted on train) and its untrained head."""
     ws, config = platform.ws, platform.config
     lineage = Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id)
-    report = evaluate(config, ws.curated_dir, ws.root / "models", ws.eval_dir, lineage)
+    report = evaluate(config, ws.curated_dir, ws.root / "models", ws.eval_dir, lineage, ws.scratch_root)
     md5 = dvc.commit(ws, "evaluate", ws.eval_dir)
     return dg.MaterializeResult(
         metadata={
@@ -40,12 +41,23 @@ def evaluation_report(context: dg.AssetExecutionContext, platform: PlatformResou
     )
 
 
-@dg.asset_check(asset=evaluation_report, blocking=True)
+@dg.asset_check(asset=evaluation_report)
 def every_task_beats_baseline(platform: PlatformResource) -> dg.AssetCheckResult:
-    """Quality gate before registration: each fine-tuned task beats its untrained-head baseline."""
+    """Quality gate before registration: each fine-tuned task beats the configured gate baseline
+    (`evaluate.gate_baseline`: the strongest trivial baseline by default, or the untrained head) by
+    at least its `evaluate.gate_margin`, in the direction of its primary metric.
+
+    The gate blocks per task: `registered_models` never registers a task that failed it, while the
+    tasks that passed go on, so the check itself does not stop the run; it fails (ERROR) naming
+    the tasks held back."""
     report = json.loads((platform.ws.eval_dir / "metrics.json").read_text())
     losing = [t["task"] for t in report["tasks"] if not t["beats_baseline"]]
-    return dg.AssetCheckResult(passed=not losing, metadata={"not_beating_baseline": ", ".join(losing) or "none"})
+    return dg.AssetCheckResult(passed=not losing, severity=dg.AssetCheckSeverity.ERROR, metadata={
+        "not_beating_baseline": ", ".join(losing) or "none",
+        "gate_baseline": report.get("gate_baseline", "untrained_head"),
+        "gate_margin": ", ".join(f"{task} {m:g}" for task, m in report.get("gate_margin", {}).items()) or "none",
+        **{f"{t['task']}_gate": t["gate"]["reason"] for t in report["tasks"] if "gate" in t},
+    })
 
 
 @dg.asset(group_name="registry", deps=[evaluation_report, pretrained_backbone], retry_policy=TRANSIENT, kinds={"mlflow"})
@@ -54,9 +66,14 @@ def registered_models(context: dg.AssetExecutionContext, platform: PlatformResou
     ws, config = platform.ws, platform.config
     report = json.loads((ws.eval_dir / "metrics.json").read_text())
     model_md5 = {task: dvc_hash(ws.task_dir(task), ws) for task in TASK_NAMES}
-    registrations = register_all(config, report, ws.root / "models", model_md5, Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id))
-    rows = pd.DataFrame([{"model": r.model_name, "version": r.version, "reused": r.reused} for r in registrations])
-    return dg.MaterializeResult(metadata={"versions": metadata.table(rows), "split_id": report["split_id"]})
+    registrations, refused = register_all(config, report, ws.root / "models", model_md5,
+                                          Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id))
+    for task, reason in refused.items():
+        context.log.warning(f"{task}: not registered, its gate failed: {reason}")
+    rows = pd.DataFrame([{"model": r.model_name, "version": r.version, "reused": r.reused, "gate": "pass"} for r in registrations]
+                        + [{"model": config.model_name(t), "version": "", "reused": False, "gate": reason} for t, reason in refused.items()])
+    return dg.MaterializeResult(metadata={"versions": metadata.table(rows), "split_id": report["split_id"],
+                                          "gated_out": ", ".join(refused) or "none"})
 
 
 class PromoteConfig(dg.Config):
@@ -82,8 +99,13 @@ def champion_models(context: dg.AssetExecutionContext, config: PromoteConfig, pl
     report = json.loads((ws.eval_dir / "metrics.json").read_text())
     request = _request(config, context, evaluation_run=report.get("mlflow_run_id", ""))
     rows = []
+    refused = gated_out(report)
     for task in report["tasks"]:
         name = cfg.model_name(task["task"])
+        if task["task"] in refused:
+            rows.append({"model": name, "version": "", "promoted": False, "production": "",
+                         "reason": f"not registered: gate failed: {refused[task['task']]}"})
+            continue
         latest = max(client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
         production = Production.for_model(name, client)
         decision = promote(name, latest.version, task["primary_metric"], task["higher_is_better"], report["split_id"],

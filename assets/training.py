@@ -116,4 +116,29 @@ def finetune_asset(task: str) -> dg.AssetsDefinition:
     return _finetuned
 
 
+def scratch_asset(task: str) -> dg.AssetsDefinition:
+    """The from-scratch control of one task: the fine-tuning recipe on a random backbone."""
+
+    @dg.asset(
+        name=f"scratch_{task}", group_name="controls", deps=[versioned_dataset],
+        pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS, kinds={"pytorch", "deepspeed", "dvc"},
+        description=f"The {task} model trained from a randomly initialised backbone with the same budget: "
+                    "the control that shows what pretraining adds.",
+    )
+    def _scratch(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
+                 pipes_subprocess_client: dg.PipesSubprocessClient) -> dg.MaterializeResult:
+        ws = platform.ws
+        out = ws.scratch_dir(task)
+        reported = launch(context, pipes_subprocess_client, platform, "pipelines.finetune", out,
+                          ["--task", task, "--curated", str(ws.curated_dir), "--from-scratch"])
+        md5 = dvc.commit(ws, f"scratch@{task}", out)
+        return dg.MaterializeResult(
+            metadata={**reported, "dvc_md5": md5, "loss_curve": metadata.image(out / "loss_curves.png", "loss")},
+            data_version=dg.DataVersion(md5),
+        )
+
+    return _scratch
+
+
 finetuned_models = [finetune_asset(task) for task in TASK_NAMES]
+scratch_models = [scratch_asset(task) for task in TASK_NAMES]

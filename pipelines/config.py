@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from sapiens2.tasks import Task
 
 TASK_NAMES = ("pose", "seg", "normal", "pointmap", "albedo")
+PRETRAIN_MICRO_BATCH = 8
 
 
 class _Section(BaseModel):
@@ -55,9 +56,25 @@ class PretrainConfig(_TrainingSection):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     objective: ObjectiveConfig = ObjectiveConfig()
-    deepspeed: DeepSpeedSection = DeepSpeedSection()
+    deepspeed: DeepSpeedSection = DeepSpeedSection(micro_batch_size=PRETRAIN_MICRO_BATCH)
     optim: OptimSection = OptimSection(lr=1.5e-3, weight_decay=0.05, warmup_steps=30, schedule="cosine")
     checkpoint: CheckpointSection = CheckpointSection(every_n_steps=100, keep_last=2)
+
+    @field_validator("deepspeed", mode="before")
+    @classmethod
+    def _contrastive_batch_default(cls, value: Any) -> Any:
+        # A section given without a micro-batch keeps pretraining's default, not DeepSpeed's 1:
+        # the CLS and KoLeo terms compare the images of a micro-batch with each other.
+        if isinstance(value, dict) and "micro_batch_size" not in value:
+            return {"micro_batch_size": PRETRAIN_MICRO_BATCH, **value}
+        return value
+
+    @model_validator(mode="after")
+    def _koleo_has_neighbours(self) -> PretrainConfig:
+        if self.objective.koleo_weight > 0 and self.deepspeed.micro_batch_size < 2:
+            raise ValueError("objective.koleo_weight > 0 needs deepspeed.micro_batch_size >= 2 "
+                             "(KoLeo measures each CLS feature's nearest neighbour in the micro-batch)")
+        return self
 
     @field_validator("arch")
     @classmethod
@@ -66,14 +83,6 @@ class PretrainConfig(_TrainingSection):
             raise ValueError(f"unknown model size {arch!r}; choose one of {sorted(ARCHS)}")
         return arch
 
-    @model_validator(mode="after")
-    def _teacher_warmup_fits(self) -> PretrainConfig:
-        if self.objective.teacher_temp_warmup_steps > self.steps:
-            raise ValueError(
-                f"objective.teacher_temp_warmup_steps ({self.objective.teacher_temp_warmup_steps}) exceeds steps ({self.steps})"
-            )
-        return self
-
 
 class FinetuneConfig(_TrainingSection):
     """Per-task fine-tuning of a light head on the pretrained backbone (layer-wise lr decay)."""
@@ -81,6 +90,9 @@ class FinetuneConfig(_TrainingSection):
     steps: int = Field(250, ge=1)
     seed: int = 0
     log_every: int = Field(10, ge=1)
+    label_fraction: float = Field(
+        1.0, gt=0.0, le=1.0, description="share of the labelled train images fine-tuning uses (seeded subset)"
+    )
     init_checkpoint: str | None = Field(
         None, description="a published Sapiens2 backbone to start from instead of our pretraining"
     )
@@ -148,10 +160,37 @@ class FinetuneConfig(_TrainingSection):
     checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
 
 
+# How much a fine-tuned model must beat its gate baseline by, in each task's primary-metric units:
+# pose AP, seg mIoU, normal angular error (deg), pointmap canonical L2, albedo PSNR (dB).
+DEFAULT_GATE_MARGIN = {"pose": 0.02, "seg": 0.02, "normal": 1.0, "pointmap": 0.01, "albedo": 0.5}
+
+
 class EvaluateConfig(_Section):
+    """Held-out evaluation and its gate: a model passes when it beats the gate baseline (the
+    strongest trivial baseline, or its untrained head) by at least the task's margin."""
+
     batch_size: int = Field(16, ge=1)
     flip_test: bool = True
     num_visualisations: int = Field(8, ge=0)
+    gate_baseline: Literal["trivial", "untrained_head"] = Field(
+        "trivial", description="what the gate compares with: the strongest trivial baseline or the untrained head"
+    )
+    gate_margin: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_GATE_MARGIN),
+        description="per-task improvement the gate requires, in primary-metric units (direction-aware); "
+                    "tasks left out keep their default",
+    )
+
+    @field_validator("gate_margin")
+    @classmethod
+    def _margins_for_tasks(cls, margins: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(margins) - set(TASK_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
+        negative = {task: m for task, m in margins.items() if m < 0}
+        if negative:
+            raise ValueError(f"margins must be >= 0 (a margin is an improvement), got {negative}")
+        return {**DEFAULT_GATE_MARGIN, **margins}
 
 
 class RegistryConfig(_Section):

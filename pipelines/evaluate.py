@@ -1,9 +1,13 @@
-"""Step: evaluate the five fine-tuned models on the held-out split, against untrained-head baselines.
+"""Step: evaluate the five fine-tuned models on the held-out split, against honest baselines.
 
 Each task's metric is computed from sufficient statistics over the `val` split, which no training
-step reads. The baseline is the model fine-tuning started from: the same backbone weights with a
-freshly initialised (seeded) head. Outputs: `metrics.json`, `table.md`, one prediction grid per
-task (image | fine-tuned | untrained head), all logged to MLflow (`sapiens2/evaluation`).
+step reads. Beside the fine-tuned model it scores the task's trivial baselines (fitted on the
+`train` split without flipping, `sapiens2.tasks.baselines`), the untrained head (the same backbone
+with a freshly initialised, seeded head: the model fine-tuning started from) and, when given, a
+model trained from scratch with the same budget. The gate (`EvaluateConfig.gate_baseline`,
+`gate_margin`) decides `beats_baseline`. Outputs: `metrics.json`, `table.md`, one prediction grid
+per task (image | fine-tuned | strongest trivial | untrained head | from scratch), all logged to
+MLflow (`sapiens2/evaluation`).
 """
 
 from __future__ import annotations
@@ -11,42 +15,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from pipelines.config import TASK_NAMES, PlatformConfig, load_config
+from pipelines.eval_report import TaskEvaluation, markdown_table
 from pipelines.finetune import initial_model
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import image_grid_png
 from pipelines.serving import load_task_model
 from sapiens2.data.dataset import CuratedDataset, collate
 from sapiens2.tasks import Task, TaskModel, get_task
+from sapiens2.tasks.baselines import fit_baselines
 
-
-@dataclass(frozen=True)
-class TaskEvaluation:
-    task: str
-    primary_metric: str
-    higher_is_better: bool
-    metrics: dict[str, float]
-    baseline: dict[str, float]
-    num_images: int
-
-    @property
-    def value(self) -> float:
-        return self.metrics[self.primary_metric]
-
-    @property
-    def baseline_value(self) -> float:
-        return self.baseline[self.primary_metric]
-
-    @property
-    def beats_baseline(self) -> bool:
-        if self.higher_is_better:
-            return self.value > self.baseline_value
-        return self.value < self.baseline_value
+Predict = Callable[[dict[str, Any]], Any]
+Scored = tuple[dict[str, float], tuple[np.ndarray, list]]
 
 
 def split_id(data: CuratedDataset, data_md5: str) -> str:
@@ -62,45 +49,88 @@ def _task(name: str, config: PlatformConfig) -> Task:
     return get_task(name, **settings)
 
 
-@torch.no_grad()
-def score(model: TaskModel, task: Task, data: CuratedDataset, batch_size: int) -> tuple[dict[str, float], list]:
-    """The task metric over the whole split, plus the decoded outputs of the first batch."""
-    metric, first = task.metric(), None
+def batches(data: CuratedDataset, batch_size: int) -> Iterator[dict[str, Any]]:
+    """The split in order, as collated batches."""
     for start in range(0, len(data), batch_size):
-        batch = collate([data[i] for i in range(start, min(start + batch_size, len(data)))])
-        pred = task.predict(model, batch["image"])
+        yield collate([data[i] for i in range(start, min(start + batch_size, len(data)))])
+
+
+@torch.no_grad()
+def score_predictions(predict: Predict, task: Task, data: CuratedDataset, batch_size: int) -> Scored:
+    """The task metric of `predict(batch)` over the whole split, plus the first batch's images and
+    decoded outputs (for the prediction grid)."""
+    metric, first = task.metric(), None
+    for batch in batches(data, batch_size):
+        pred = predict(batch)
         metric.update(pred, batch)
         if first is None:
             first = (batch["image_uint8"].numpy(), task.decode(pred))
     return metric.compute(), first
 
 
-def evaluate_task(config: PlatformConfig, name: str, curated_dir: Path, model_dir: Path, out_dir: Path) -> tuple[TaskEvaluation, Path]:
-    task = _task(name, config)
+def score(model: TaskModel, task: Task, data: CuratedDataset, batch_size: int) -> Scored:
+    """`score_predictions` of a model, with the task's test-time prediction (e.g. flip test)."""
+    return score_predictions(lambda batch: task.predict(model, batch["image"]), task, data, batch_size)
+
+
+def _dataset(config: PlatformConfig, curated_dir: Path, split: str, name: str) -> CuratedDataset:
+    # No flip on either split: baselines fit the labels as they are, like the split they score.
     height, width = config.image_size
-    data = CuratedDataset(curated_dir, "val", height, width, tasks=(name,), **config.dataset_keypoints())
+    return CuratedDataset(curated_dir, split, height, width, tasks=(name,), hflip_prob=0.0,
+                          person_crop_padding=config.task(name).person_crop_padding, **config.dataset_keypoints())
+
+
+def evaluate_task(config: PlatformConfig, name: str, curated_dir: Path, model_dir: Path, out_dir: Path,
+                  scratch_dir: Path | None = None) -> tuple[TaskEvaluation, Path]:
+    """Score task `name`'s model and its baselines on `val`; `scratch_dir` holds a from-scratch
+    model to score too. Returns the evaluation and its prediction grid."""
+    task, batch_size = _task(name, config), config.evaluate.batch_size
+    val = _dataset(config, curated_dir, "val", name)
     model, spec = load_task_model(model_dir)
-    baseline_model = initial_model(config, name, Path(spec["backbone_init"])).eval()
-    metrics, (images, outputs) = score(model, task, data, config.evaluate.batch_size)
-    baseline, (_, baseline_outputs) = score(baseline_model, task, data, config.evaluate.batch_size)
-    n = min(config.evaluate.num_visualisations, len(images))
-    rows = [[images[i], task.visualize(images[i], outputs[i]), task.visualize(images[i], baseline_outputs[i])] for i in range(n)]
-    grid = image_grid_png(rows, out_dir / f"{name}_predictions.png", col_titles=["image", "fine-tuned", "untrained head"])
-    result = TaskEvaluation(name, task.primary_metric, task.higher_is_better, metrics, baseline, len(data))
+    untrained = initial_model(config, name, Path(spec["backbone_init"])).eval()
+    fitted = fit_baselines(name, task, batches(_dataset(config, curated_dir, "train", name), batch_size))
+    trivial = {b: score_predictions(baseline.predict, task, val, batch_size) for b, baseline in fitted.items()}
+    tuned, head = score(model, task, val, batch_size), score(untrained, task, val, batch_size)
+    scratch = score(load_task_model(scratch_dir)[0], task, val, batch_size) if scratch_dir else None
+    result = TaskEvaluation(
+        name, task.primary_metric, task.higher_is_better, tuned[0], head[0], len(val),
+        trivial={b: metrics for b, (metrics, _) in trivial.items()}, scratch=scratch and scratch[0],
+        gate_baseline=config.evaluate.gate_baseline, gate_margin=config.evaluate.gate_margin[name],
+    )
+    columns = {"fine-tuned": tuned, f"trivial: {result.strongest_trivial_name}": trivial[result.strongest_trivial_name],
+               "untrained head": head, **({"from scratch": scratch} if scratch else {})}
+    images = tuned[1][0]
+    rows = [[images[i], *(task.visualize(images[i], outputs[i]) for _, (_, outputs) in columns.values())]
+            for i in range(min(config.evaluate.num_visualisations, len(images)))]
+    grid = image_grid_png(rows, out_dir / f"{name}_predictions.png", col_titles=["image", *columns])
     return result, grid
 
 
-def markdown_table(results: list[TaskEvaluation]) -> str:
-    lines = ["| task | metric | fine-tuned | untrained head | beats baseline | val images |", "|---|---|---|---|---|---|"]
-    for r in results:
-        arrow = "higher" if r.higher_is_better else "lower"
-        lines.append(f"| {r.task} | {r.primary_metric} ({arrow} is better) | {r.value:.4f} | {r.baseline_value:.4f} "
-                     f"| {'yes' if r.beats_baseline else 'NO'} | {r.num_images} |")
-    return "\n".join(lines)
+def _scratch_dir(scratch_root: Path | None, name: str) -> Path | None:
+    """The task's from-scratch model folder, when `scratch_root` has one (else the column is "-")."""
+    if scratch_root is None or not (scratch_root / name / "model.json").is_file():
+        return None
+    return scratch_root / name
 
 
-def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, output_dir: Path, lineage: Lineage) -> dict:
-    """Evaluate every task; returns the report dict also written to `metrics.json`."""
+def _tracked_metrics(r: TaskEvaluation) -> dict[str, float]:
+    """MLflow metrics of one task: `<task>.<metric>`, `.baseline.` (untrained head),
+    `.trivial.<name>.`, `.scratch.` and the gate's achieved margin and verdict."""
+    out = {f"{r.task}.{k}": v for k, v in r.metrics.items()}
+    out |= {f"{r.task}.baseline.{k}": v for k, v in r.baseline.items()}
+    for baseline, metrics in r.trivial.items():
+        out |= {f"{r.task}.trivial.{baseline}.{k}": v for k, v in metrics.items()}
+    out |= {f"{r.task}.scratch.{k}": v for k, v in (r.scratch or {}).items()}
+    return out | {f"{r.task}.gate.achieved_margin": r.margin, f"{r.task}.gate.passed": float(r.beats_baseline)}
+
+
+def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, output_dir: Path, lineage: Lineage,
+             scratch_root: Path | None = None) -> dict:
+    """Evaluate every task; returns the report dict also written to `metrics.json`.
+
+    `scratch_root`, laid out like `models_root` (`<task>/model.json` + `model.safetensors`), fills
+    the from-scratch column for the tasks it holds.
+    """
     output_dir.mkdir(parents=True, exist_ok=True)
     height, width = config.image_size
     sid = split_id(CuratedDataset(curated_dir, "val", height, width, tasks=()), lineage.data_md5)
@@ -108,14 +138,15 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
     with RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
         for name in TASK_NAMES:
             print(f"[evaluate] {name} ...", flush=True)
-            result, grid = evaluate_task(config, name, curated_dir, models_root / name, output_dir)
+            result, grid = evaluate_task(config, name, curated_dir, models_root / name, output_dir,
+                                         _scratch_dir(scratch_root, name))
             results.append(result)
             grids.append(grid)
-            tracker.log_metrics({f"{name}.{k}": v for k, v in result.metrics.items()}, 0)
-            tracker.log_metrics({f"{name}.baseline.{k}": v for k, v in result.baseline.items()}, 0)
+            tracker.log_metrics(_tracked_metrics(result), 0)
         table = markdown_table(results)
         (output_dir / "table.md").write_text(table + "\n")
-        report = {"split_id": sid, "data_md5": lineage.data_md5, "tasks": [asdict(r) | {"beats_baseline": r.beats_baseline} for r in results],
+        report = {"split_id": sid, "data_md5": lineage.data_md5, "gate_baseline": config.evaluate.gate_baseline,
+                  "gate_margin": dict(config.evaluate.gate_margin), "tasks": [r.to_report() for r in results],
                   "mlflow_run_id": tracker.run_id}
         (output_dir / "metrics.json").write_text(json.dumps(report, indent=2, default=float))
         tracker.log_artifacts([output_dir / "table.md", output_dir / "metrics.json"])
@@ -125,14 +156,18 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0 when every task passes the gate, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="sapiens2 evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--curated", type=Path, required=True)
     parser.add_argument("--models", type=Path, required=True, help="folder holding one sub-folder per task")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--scratch-models", type=Path, default=None,
+                        help="optional folder like --models with from-scratch models (same budget) to score too")
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    report = evaluate(config, args.curated, args.models, args.output, Lineage.from_env(args.curated))
+    report = evaluate(config, args.curated, args.models, args.output, Lineage.from_env(args.curated),
+                      scratch_root=args.scratch_models)
     return 0 if all(t["beats_baseline"] for t in report["tasks"]) else 1
 
 

@@ -6,7 +6,8 @@ The backbone starts from our pretraining output or, when `finetune.init_checkpoi
 published Sapiens2 checkpoint. Batches are a pure function of (seed, step, rank).
 
 Output folder: `config.yaml`, `checkpoints/` (DeepSpeed, for resume), `model.safetensors` (backbone
-+ head), `model.json` (what to rebuild it with), `loss_curves.png`.
++ head), `model.json` (what to rebuild it with), `history.json` (every step's loss),
+`loss_curves.png`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
 
 
+# `backbone_init` of a from-scratch control: the backbone starts from its seeded random init.
+SCRATCH = "scratch"
+
+
 def backbone_weights(config: PlatformConfig, backbone_dir: Path) -> Path:
     """The backbone fine-tuning starts from: a published checkpoint if configured, else ours."""
     if config.finetune.init_checkpoint:
@@ -39,11 +44,14 @@ def backbone_weights(config: PlatformConfig, backbone_dir: Path) -> Path:
     return backbone_dir / "backbone.safetensors"
 
 
-def initial_model(config: PlatformConfig, task: str, backbone_path: Path) -> TaskModel:
-    """Backbone weights from `backbone_path` plus a freshly initialised head (seeded): the model
-    fine-tuning starts from, and the untrained-head baseline evaluation compares against."""
+def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) -> TaskModel:
+    """Backbone weights from `backbone_path` (or, for `SCRATCH`, the seeded random init the
+    pretraining run started from) plus a freshly initialised head (seeded): the model fine-tuning
+    starts from, and the untrained-head baseline evaluation compares against."""
+    torch.manual_seed(config.pretrain.seed)
     backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
-    load_checkpoint(backbone, backbone_path)
+    if str(backbone_path) != SCRATCH:
+        load_checkpoint(backbone, Path(backbone_path))
     torch.manual_seed(config.finetune.seed)
     return build_task_model(task, backbone, **config.task_settings(task))
 
@@ -54,7 +62,7 @@ def _to_float(pred):
     return pred.float()
 
 
-def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path, output_dir: Path,
+def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path | str, output_dir: Path,
           lineage: Lineage) -> None:
     """One rank of a fine-tuning run (collective)."""
     rank, world_size = init_distributed()
@@ -65,6 +73,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     keypoints = config.dataset_keypoints()
     augment = cfg.augmentation(keypoints["flip_pairs"])
     data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed, augment=augment,
+                          person_crop_padding=task.person_crop_padding, label_fraction=cfg.label_fraction,
                           **(keypoints if augment is None else {"num_keypoints": keypoints["num_keypoints"]}))
     model = initial_model(config, task_name, backbone_path)
     groups = layerwise_param_groups(
@@ -78,8 +87,9 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
         start, state = resumed
         history = state["history"]
     lrs = lr_schedule(cfg.optim, steps)
+    run_name = f"{task_name}-scratch" if str(backbone_path) == SCRATCH else task_name
 
-    with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=task_name) as tracker:
+    with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=run_name) as tracker:
         log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)
         started = time.perf_counter()
         for step in range(start, steps):
@@ -112,11 +122,13 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
             spec = {
                 "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
                 "backbone_init": str(backbone_path), "steps": steps, "seed": cfg.seed,
+                "label_fraction": cfg.label_fraction, "train_images": len(data),
                 "task_settings": config.task_settings(task_name),
                 "final_loss": history["loss"][-1],
                 "steps_per_second": (steps - start) / seconds if seconds > 0 else 0.0,
             }
             (output_dir / "model.json").write_text(json.dumps(spec, indent=2))
+            (output_dir / "history.json").write_text(json.dumps(history))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title=f"fine-tuning {task_name}")
             tracker.log_artifacts([curves, output_dir / "model.json", output_dir / "config.yaml"])
             pipes.report_asset_materialization(metadata={
@@ -129,24 +141,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sapiens2 finetune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=TASK_NAMES, required=True)
     parser.add_argument("--curated", type=Path, required=True)
-    parser.add_argument("--backbone", type=Path, required=True, help="pretraining output folder")
+    start = parser.add_mutually_exclusive_group(required=True)
+    start.add_argument("--backbone", type=Path, help="pretraining output folder")
+    start.add_argument("--from-scratch", action="store_true",
+                       help="the control: the same recipe from the randomly initialised backbone")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--config", type=Path, default=Path("params.yaml"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+
+    def backbone_path(config: PlatformConfig) -> Path | str:
+        return SCRATCH if args.from_scratch else backbone_weights(config, args.backbone)
+
     if args.rank_worker:
         config = load_config(args.config)
-        backbone_path = backbone_weights(config, args.backbone)
-        lineage = Lineage.from_env(args.curated, None if config.finetune.init_checkpoint else args.backbone)
-        train(config, args.task, args.curated, backbone_path, args.output, lineage)
+        pretrained = None if args.from_scratch or config.finetune.init_checkpoint else args.backbone
+        train(config, args.task, args.curated, backbone_path(config), args.output, Lineage.from_env(args.curated, pretrained))
         return 0
     config = load_config(args.config, parse_overrides(args.set))
-    path = backbone_weights(config, args.backbone)
-    if not path.is_file():
+    path = backbone_path(config)
+    if path != SCRATCH and not Path(path).is_file():
         raise SystemExit(f"sapiens2 finetune: backbone checkpoint {path} does not exist")
     resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
-    worker = ["--task", args.task, "--curated", str(args.curated), "--backbone", str(args.backbone),
+    start_args = ["--from-scratch"] if args.from_scratch else ["--backbone", str(args.backbone)]
+    worker = ["--task", args.task, "--curated", str(args.curated), *start_args,
               "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
     return run_ranks("pipelines.finetune", config.finetune.deepspeed.world_size, worker)
 

@@ -82,6 +82,10 @@ class RankZeroTracker:
         if self.enabled:
             mlflow.log_metrics(metrics, step=step)
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.enabled:
+            mlflow.set_tags(tags)
+
     def log_artifacts(self, paths: list[Path], artifact_path: str | None = None) -> None:
         if self.enabled:
             for path in paths:

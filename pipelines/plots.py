@@ -21,9 +21,13 @@ from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices  # noqa: E4
 
 
 def loss_curves_png(history: dict[str, list[float]], path: Path, title: str) -> Path:
-    """One panel per loss series against the optimizer step."""
-    fig, axes = plt.subplots(1, len(history), figsize=(4 * len(history), 3), squeeze=False)
-    for ax, (name, values) in zip(axes[0], history.items()):
+    """One panel per series (losses, monitors) against the optimizer step, five to a row."""
+    cols = min(5, len(history))
+    rows = -(-len(history) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax in axes.flat[len(history):]:
+        ax.axis("off")
+    for ax, (name, values) in zip(axes.flat, history.items()):
         ax.plot(np.arange(1, len(values) + 1), values, lw=1)
         ax.set_title(name)
         ax.set_xlabel("step")

@@ -1,13 +1,17 @@
 """Step: self-supervised pretraining of the Sapiens2 backbone under DeepSpeed ZeRO.
 
-L = L_MAE + lambda * L_CL on the curated train split: mixed block/patch masking, the encoder on
-visible tokens only, a light MAE decoder on normalised pixels, and DINO-style CLS
-self-distillation from an EMA teacher. `sapiens2 pretrain` resolves the config, saves it in the
+On the curated train split: mixed block/patch masking, the encoder on visible tokens only, a
+light MAE decoder on normalised pixels, and self-distillation from an EMA teacher on the CLS
+token (sparse) and on the masked patches (dense), with Sinkhorn-Knopp targets and KoLeo
+(`sapiens2.pretrain.meta_arch`); collapse monitors go to MLflow every step. `sapiens2 pretrain` resolves the config, saves it in the
 output folder and launches `world_size` ranks with torchrun; each rank runs `train`. Every input
 of a step is a pure function of (seed, step, rank), so a resumed run repeats the uninterrupted one.
 
 Output folder: `config.yaml` (resolved), `checkpoints/` (DeepSpeed, for resume),
-`backbone.safetensors` (the EMA teacher's backbone, handed to fine-tuning), `backbone.json`.
+`backbone.safetensors` (the backbone handed to fine-tuning: the student or the EMA teacher,
+whichever the probes rate higher on the train split), `backbone.json` (summary, collapse verdict,
+probes of the exported, the other and a random backbone), `history.json` (every step's losses
+and collapse monitors), `loss_curves.png`, `mae_reconstruction.png`.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from pipelines.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
 from sapiens2.model import build_backbone, save_checkpoint
 from sapiens2.pretrain.augment import MultiCropAugment
-from sapiens2.pretrain.dino import TeacherCenter
+from sapiens2.pretrain.centering import Centering
+from sapiens2.pretrain.dino import PROTOTYPES
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher, ema_update, teacher_output
-from sapiens2.pretrain.schedules import objective_schedules
+from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS, PretrainStudent, build_teacher, ema_update, teacher_output
+from sapiens2.pretrain.monitors import collapse_verdict
+from sapiens2.pretrain.schedules import freeze_last_layer_steps, objective_schedules
+from sapiens2.pretrain.selection import probe_and_choose
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
 from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
 from sapiens2.train.lr_decay import layerwise_param_groups
@@ -59,19 +66,24 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
 
     student = build_student(config)
     teacher = build_teacher(student)
-    center = TeacherCenter(obj.dino_out_dim, obj.center_momentum)
+    centering = Centering(obj.centering, obj.dino_out_dim, obj.patch_prototypes if obj.ibot_weight > 0 else None,
+                          obj.center_momentum, obj.sinkhorn_iterations)
+    frozen = freeze_last_layer_steps(obj, cfg.steps)
     groups = layerwise_param_groups(
         student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
         student.backbone.depth, student.backbone.layer_id,
+        frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0,
     )
     engine = initialize(student, groups, ds, cfg.optim)
+    teacher.to(engine.device)
+    centering.to(engine.device)
     checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint)
-    start, history = 0, {"loss": [], "loss_mae": [], "loss_cl": []}
+    start, history = 0, {key: [] for key in LOSS_KEYS + MONITOR_KEYS}
     resumed = checkpoints.resume(engine)
     if resumed is not None:
         start, state = resumed
         teacher.load_state_dict(state["teacher"])
-        center.load_state_dict(state["center"])
+        centering.load_state_dict(state["centering"])
         history = state["history"]
 
     lrs = lr_schedule(cfg.optim, cfg.steps)
@@ -87,63 +99,76 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
             pipes.log.info(f"resumed from step {start}")
         started = time.perf_counter()
         for step in range(start, cfg.steps):
-            set_lr(engine, float(lrs[step]))
-            sums = {"loss": 0.0, "loss_mae": 0.0, "loss_cl": 0.0}
-            centers = []
+            set_lr(engine, float(lrs[step]), step)
+            sums = dict.fromkeys(LOSS_KEYS + MONITOR_KEYS, 0.0)
             for micro in range(ds.grad_accum_steps):
                 g = step_generator(cfg.seed, step, rank, micro)
                 idx = torch.randint(len(images), (ds.micro_batch_size,), generator=g)
                 crops = augment(images[idx.numpy()], g)
                 masks = [mask_to_indices(masker(ds.micro_batch_size, g)) for _ in crops["global_crops"]]
-                probs, batch_center = teacher_output(teacher, crops["global_crops"], center, float(schedules["teacher_temp"][step]))
+                targets = teacher_output(teacher, crops["global_crops"], [masked for _, masked in masks],
+                                         centering, float(schedules["teacher_temp"][step]))
                 out = engine(
                     [autocast_inputs(engine, c) for c in crops["global_crops"]],
                     [autocast_inputs(engine, c) for c in crops["local_crops"]],
-                    [keep for keep, _ in masks], [masked for _, masked in masks], probs,
+                    [keep.to(engine.device) for keep, _ in masks], [masked.to(engine.device) for _, masked in masks],
+                    targets,
                 )
                 engine.backward(out["loss"])
                 engine.step()
-                centers.append(batch_center)
                 for key in sums:
-                    sums[key] += float(out[key]) / ds.grad_accum_steps
+                    sums[key] += float(out[key].detach()) / ds.grad_accum_steps
             ema_update(teacher, engine.module, float(schedules["ema_momentum"][step]))
-            batch_center = torch.stack(centers).mean(0)
-            dist.all_reduce(batch_center)
-            center.update(batch_center / world_size)
+            centering.update()
             for key, value in sums.items():
                 history[key].append(value)
+            # Collapse monitors go to MLflow every step; the console gets every log_every-th.
+            tracker.log_metrics({**sums, "lr": float(lrs[step]), "ema_momentum": float(schedules["ema_momentum"][step]),
+                                 "teacher_temp": float(schedules["teacher_temp"][step])}, step + 1)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                log(step, {**sums, "lr": float(lrs[step])})
-                tracker.log_metrics({**sums, "lr": float(lrs[step])}, step + 1)
+                log(step, {key: sums[key] for key in ("loss", "loss_mae", "loss_cl", "loss_ibot", "teacher_entropy")})
             if checkpoints.should_save(step + 1):
-                checkpoints.save(engine, step + 1, {"teacher": teacher.state_dict(), "center": center.state_dict(), "history": history})
+                checkpoints.save(engine, step + 1, {"teacher": teacher.state_dict(), "centering": centering.state_dict(),
+                                                    "history": history})
         seconds = time.perf_counter() - started
         weights = export_full_state_dict(engine)  # collective under ZeRO-3
 
         if rank == 0:
             trained = build_student(config)
             trained.load_state_dict(weights)
+            teacher.cpu()
             output_dir.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(teacher.backbone, output_dir / "backbone.safetensors")
+            chosen, probes = probe_and_choose({"teacher": teacher.backbone, "student": trained.backbone},
+                                              build_student(config).backbone, curated_dir, config.image_size)
+            save_checkpoint({"teacher": teacher.backbone, "student": trained.backbone}[chosen], output_dir / "backbone.safetensors")
+            final = {key: values[-1] for key, values in history.items()}
+            verdict = collapse_verdict(final["teacher_entropy"], final["cls_std"], obj.dino_out_dim)
             summary = {
                 "arch": cfg.arch,
                 "image_size": list(config.image_size),
                 "steps": cfg.steps,
                 "world_size": world_size,
                 "zero_stage": ds.zero_stage,
-                "final_loss": history["loss"][-1],
-                "final_loss_mae": history["loss_mae"][-1],
-                "final_loss_cl": history["loss_cl"][-1],
+                **{f"final_{key}": value for key, value in final.items()},
+                "collapsed": verdict or "no",
+                "exported": chosen,
+                "probes": probes,
                 "steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
                 "images_per_second": (cfg.steps - start) * ds.global_batch_size / seconds if seconds > 0 else 0.0,
             }
+            if verdict:
+                pipes.log.warning(f"pretraining collapsed: {verdict}")
             (output_dir / "backbone.json").write_text(json.dumps(summary, indent=2))
+            (output_dir / "history.json").write_text(json.dumps(history))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title="pretraining")
             recon = mae_reconstruction_png(trained, images[:6], masker, output_dir / "mae_reconstruction.png")
             tracker.log_artifacts([curves, recon, output_dir / "backbone.json", output_dir / "config.yaml"])
-            tracker.log_metrics({k: v for k, v in summary.items() if isinstance(v, float)}, cfg.steps)
+            probe_metrics = {f"probe.{name}.{key}": value for name, result in probes.items() for key, value in result.items()}
+            tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics}, cfg.steps)
+            tracker.set_tags({"collapsed": summary["collapsed"], "exported_weights": chosen})
             pipes.report_asset_materialization(metadata={
-                **{k: v for k, v in summary.items() if not isinstance(v, list)},
+                **{k: v for k, v in summary.items() if not isinstance(v, (list, dict))},
+                **{k: round(v, 4) for k, v in probe_metrics.items()},
                 "mlflow_run_id": tracker.run_id or "",
             })
     dist.barrier()

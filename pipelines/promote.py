@@ -1,7 +1,8 @@
 """Gated promotion of a model version to the `champion` alias, in place or into production.
 
-A challenger replaces the champion only when both were evaluated on the same split and the
-challenger is strictly better on the chosen metric. Metrics are read from the version tags
+A challenger replaces the champion only when its recorded evaluation passed the gate (tag
+`eval.gate.passed`, written at registration; versions without it predate the gate), both were
+evaluated on the same split and the challenger is strictly better on the chosen metric. Metrics are read from the version tags
 written at registration (`eval.<metric>`, `eval.split_id`), so the gate does not depend on run
 retention. Every decision is written back to the challenger as `promotion.*` tags.
 
@@ -38,6 +39,8 @@ PREVIOUS = "previous"
 SPLIT_TAG = "eval.split_id"
 PRODUCTION_SUFFIX = "-production"
 DEMOTED_TAG = "rollback.demoted"
+GATE_PASSED_TAG = "eval.gate.passed"
+GATE_REASON_TAG = "eval.gate.reason"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ def _judge(challenger: ModelVersion, champion: ModelVersion | None, metric_name:
     chal_split = challenger.tags.get(SPLIT_TAG)
     if challenger.tags.get(DEMOTED_TAG):
         return False, f"challenger v{challenger.version} was rolled back from production: {challenger.tags[DEMOTED_TAG]}"
+    if challenger.tags.get(GATE_PASSED_TAG) == "false":
+        return False, (f"challenger v{challenger.version} failed the evaluation gate: "
+                       f"{challenger.tags.get(GATE_REASON_TAG, 'no reason recorded')}")
     if value is None:
         return False, f"challenger v{challenger.version} has no numeric eval.{metric_name} tag"
     if chal_split != split_id:

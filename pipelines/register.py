@@ -2,7 +2,11 @@
 
 Registered name `<prefix>-<task>`. Version tags: `dagster_run_id`, `dvc.data_md5`,
 `dvc.backbone_md5`, `dvc.model_md5`, `git_commit`, `config_sha`, `eval.<metric>` for every metric,
-`eval.split_id` and `eval.primary_metric`. Registering the same model files (same `dvc.model_md5`)
+`eval.split_id`, `eval.primary_metric`, `eval.baseline.<metric>` (untrained head), the primary
+value of each trivial baseline `eval.trivial.<name>.<primary>` with `eval.trivial.strongest`, and the
+gate (`eval.gate.passed` true/false, `.baseline`, `.baseline_value`, `.margin`, `.reason`), which
+promotion refuses to overrule. A task that failed its gate is not registered (`gated_out`).
+Registering the same model files (same `dvc.model_md5`)
 evaluated on the same split again returns the existing version instead of adding a duplicate.
 """
 
@@ -26,6 +30,7 @@ import sapiens2
 from pipelines import tracking
 from pipelines.config import TASK_NAMES, PlatformConfig, load_config
 from pipelines.lineage import Lineage, dvc_hash
+from pipelines.promote import GATE_PASSED_TAG, GATE_REASON_TAG
 from pipelines.serving import TaskPyfunc, load_task_model, predict_images
 from pipelines.workspace import Workspace
 
@@ -50,6 +55,20 @@ def _existing_version(client: MlflowClient, name: str, model_md5: str, split: st
     return None
 
 
+def gate_tags(task_result: dict) -> dict[str, str]:
+    """Tags of the trivial baselines and the gate; none for a report written before the gate."""
+    primary = task_result["primary_metric"]
+    tags = {f"eval.trivial.{name}.{primary}": str(m[primary]) for name, m in task_result.get("trivial", {}).items()}
+    if task_result.get("strongest_trivial"):
+        tags["eval.trivial.strongest"] = task_result["strongest_trivial"]
+    gate = task_result.get("gate")
+    if gate:
+        tags |= {GATE_PASSED_TAG: "true" if gate["passed"] else "false", "eval.gate.baseline": gate["baseline"],
+                 "eval.gate.baseline_value": str(gate["baseline_value"]), "eval.gate.margin": str(gate["margin"]),
+                 GATE_REASON_TAG: gate["reason"]}
+    return tags
+
+
 def register_task(config: PlatformConfig, task_result: dict, split: str, model_dir: Path, model_md5: str,
                   lineage: Lineage) -> Registration:
     task = task_result["task"]
@@ -62,6 +81,7 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
         "eval.primary_metric": task_result["primary_metric"],
         **{f"eval.{k}": str(v) for k, v in task_result["metrics"].items()},
         **{f"eval.baseline.{k}": str(v) for k, v in task_result["baseline"].items()},
+        **gate_tags(task_result),
     }
     existing = _existing_version(client, name, model_md5, split)
     if existing is None:
@@ -90,16 +110,26 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
     return Registration(task, name, existing, task_result["primary_metric"], task_result["higher_is_better"], split, reused)
 
 
+def gated_out(report: dict) -> dict[str, str]:
+    """Tasks of an evaluation report that failed their gate, with the gate's reason: the gate
+    blocks each task on its own, so one model that learned nothing holds back only itself."""
+    return {t["task"]: t.get("gate", {}).get("reason", "did not beat its baseline")
+            for t in report["tasks"] if not t["beats_baseline"]}
+
+
 def register_all(config: PlatformConfig, report: dict, models_root: Path, model_md5: dict[str, str],
-                 lineage: Lineage) -> list[Registration]:
-    """Register every task of an evaluation report (`metrics.json`)."""
+                 lineage: Lineage) -> tuple[list[Registration], dict[str, str]]:
+    """Register every task of an evaluation report (`metrics.json`) that passed its gate;
+    returns the registrations and the gated-out tasks with their reasons."""
     uri = tracking.tracking_uri_for(Workspace.from_env().root)
     tracking.require_server(uri)
     mlflow.set_tracking_uri(uri)
-    return [
+    refused = gated_out(report)
+    registrations = [
         register_task(config, result, report["split_id"], models_root / result["task"], model_md5[result["task"]], lineage)
-        for result in report["tasks"]
+        for result in report["tasks"] if result["task"] not in refused
     ]
+    return registrations, refused
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     lineage = Lineage.from_env(args.curated, args.models / "pretrain")
     md5 = {task: dvc_hash(args.models / task) for task in TASK_NAMES}
     report = json.loads(args.report.read_text())
-    for reg in register_all(load_config(args.config), report, args.models, md5, lineage):
+    registrations, refused = register_all(load_config(args.config), report, args.models, md5, lineage)
+    for reg in registrations:
         print(f"{reg.model_name} v{reg.version}{' (already registered)' if reg.reused else ''}")
+    for task, reason in refused.items():
+        print(f"{task}: not registered, gate failed: {reason}")
     return 0

@@ -47,6 +47,14 @@ class Workspace:
         return self.root / "models" / task
 
     @property
+    def scratch_root(self) -> Path:
+        """From-scratch controls, one folder per task laid out like `task_dir`."""
+        return self.root / "models" / "scratch"
+
+    def scratch_dir(self, task: str) -> Path:
+        return self.scratch_root / task
+
+    @property
     def eval_dir(self) -> Path:
         return self.root / "reports" / "eval"
 

@@ -82,6 +82,24 @@ def mask_bbox(mask: np.ndarray) -> np.ndarray:
     return np.array([cols[0], rows[0], cols[-1] + 1, rows[-1] + 1], np.float32)
 
 
+def person_crop(sample: dict[str, Any], padding: float = 1.25) -> dict[str, Any]:
+    """Top-down input: zoom so the person box, padded by `padding` and widened or heightened to
+    the image's aspect, fills the frame centred on the box (the crop of a person detector's box).
+
+    Labels move with the image (`affine_sample`), so a metric in crop coordinates is the metric
+    of the original image scaled uniformly: OKS, with the box area re-measured, is unchanged.
+    """
+    height, width = sample["image"].shape[:2]
+    x0, y0, x1, y1 = (float(v) for v in sample["bbox"])
+    if x1 <= x0 or y1 <= y0:
+        return sample  # no person box: the whole image is the crop
+    crop_height = padding * max(y1 - y0, (x1 - x0) * height / width)
+    scale = height / crop_height
+    centre = np.array([width / 2, height / 2])
+    offset = np.array([(x0 + x1) / 2, (y0 + y1) / 2]) - centre
+    return affine_sample(sample, scale, 0.0, tuple(-scale * offset))
+
+
 def affine_sample(
     sample: dict[str, Any], scale: float, angle_deg: float, shift: tuple[float, float]
 ) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
-from sapiens2.data.augment import Augment, hflip_sample  # noqa: F401 (re-exported)
+from sapiens2.data.augment import Augment, hflip_sample, person_crop  # noqa: F401 (re-exported)
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.pose import COCO_FLIP_PAIRS
@@ -155,7 +155,9 @@ class CuratedDataset(Dataset):
     flip-only default with a full recipe (`sapiens2.data.augment.Augment`: flip, scale/crop,
     rotation, photometric); give one or the other. Augmentation depends only on
     (seed, epoch, index), so runs and resumed runs see the same samples; call `set_epoch` each
-    epoch.
+    epoch. `person_crop_padding` makes every sample a top-down person crop (`person_crop`), as
+    pose models see them; `label_fraction` keeps a seeded share of the split's labelled images
+    (fine-tuning with fewer labels than pretraining saw images).
     """
 
     def __init__(
@@ -171,6 +173,8 @@ class CuratedDataset(Dataset):
         num_keypoints: int = 17,
         seed: int = 0,
         augment: Augment | None = None,
+        person_crop_padding: float | None = None,
+        label_fraction: float = 1.0,
     ) -> None:
         unknown = set(tasks) - set(TASK_NAMES)
         if unknown:
@@ -185,6 +189,13 @@ class CuratedDataset(Dataset):
             self.ids = [i for i in self.ids if (self.root / "labels" / f"{i}.npz").is_file()]
         if not self.ids:
             raise ValueError(f"{self.root / 'manifest.parquet'}: no kept rows in split {split!r}")
+        if not 0.0 < label_fraction <= 1.0:
+            raise ValueError(f"label_fraction must lie in (0, 1], got {label_fraction}")
+        if label_fraction < 1.0:
+            # A seeded subset, sorted again, so a smaller fraction keeps a subset of a larger one.
+            order = np.random.default_rng(seed).permutation(len(self.ids))
+            keep = order[: max(1, round(label_fraction * len(self.ids)))]
+            self.ids = [self.ids[i] for i in sorted(keep)]
         files = {Path(name).stem: name for name in os.listdir(self.root / "images")}
         missing = [i for i in self.ids if i not in files]
         if missing:
@@ -205,6 +216,10 @@ class CuratedDataset(Dataset):
         self.flip_pairs, self.seg_flip = augment.flip_pairs, augment.seg_flip
         self.num_keypoints, self.num_classes = num_keypoints, len(seg_flip)
         self.seed, self.epoch = seed, 0
+        self.person_crop_padding = person_crop_padding
+        # Decoded, resized samples by index: a training run revisits each image every epoch,
+        # and decoding its PNG and label arrays cost more than the tiny models' step.
+        self._decoded: dict[int, dict[str, Any]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -213,12 +228,19 @@ class CuratedDataset(Dataset):
         return len(self.ids)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        sample = load_curated_sample(
-            self.root, self.ids[index], self.image_files[index], self.fields,
-            self.num_keypoints, self.num_classes,
-        )
-        if sample["image"].shape[:2] != (self.height, self.width):
-            sample = resize_sample(sample, self.height, self.width)
+        if index not in self._decoded:
+            sample = load_curated_sample(
+                self.root, self.ids[index], self.image_files[index], self.fields,
+                self.num_keypoints, self.num_classes,
+            )
+            if sample["image"].shape[:2] != (self.height, self.width):
+                sample = resize_sample(sample, self.height, self.width)
+            if self.person_crop_padding is not None:
+                sample = person_crop(sample, self.person_crop_padding)
+            self._decoded[index] = sample
+        # Copies: a caller writing into a sample (or an augmentation that returns it unchanged)
+        # must not alter what the next epoch reads.
+        sample = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in self._decoded[index].items()}
         return self.augment(sample, np.random.default_rng([self.seed, self.epoch, index]))
 
 

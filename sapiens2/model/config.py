@@ -131,8 +131,11 @@ _BASE: dict[str, BackboneConfig] = {
     "sapiens2_1b": _arch(1536, 40, 24),
     "sapiens2_5b": _arch(2432, 56, 32),
     # Small configs for CPU tests and the demo; same structure, GQA in the middle blocks.
-    "sapiens2_tiny": _arch(128, 6, 4, full_attention_blocks=2),
-    "sapiens2_debug": _arch(64, 4, 2, full_attention_blocks=1),
+    # LayerScale starts at 0.1, not the published 1e-4: a randomly initialised 4-6 block model
+    # trained for minutes would otherwise keep its attention, and so its CLS token, almost
+    # independent of the image (the CLS distillation collapsed to a uniform teacher with 1e-4).
+    "sapiens2_tiny": _arch(128, 6, 4, full_attention_blocks=2, layer_scale_init=0.1),
+    "sapiens2_debug": _arch(64, 4, 2, full_attention_blocks=1, layer_scale_init=0.1),
 }
 # Local blocks of the 4K tokenizer per size (paper); the 4K models default to 4096x3072 input.
 LOCAL_BLOCKS = {

@@ -1,13 +1,14 @@
-"""Pretraining objective: L = L_MAE + lambda * L_CL (masked autoencoding + CLS self-distillation).
+"""Pretraining objective: masked autoencoding plus dense (patch) and sparse (CLS) self-distillation.
 
 Data side: ``MultiCropAugment`` (global/local crops) and ``MaskGenerator`` (MAE masks). Model side:
-``PretrainStudent`` (backbone + MAE decoder + DINO head) and the teacher phases ``build_teacher``,
-``teacher_output``, ``ema_update`` with ``TeacherCenter``. Schedules are arrays indexed by step.
+``PretrainStudent`` (backbone + MAE decoder + CLS and patch heads) and the teacher phases
+``build_teacher``, ``teacher_output`` (with ``Centering``), ``ema_update``. Schedules are arrays indexed by step.
 """
 
 from sapiens2.pretrain.augment import MultiCropAugment
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.dino import DINOHead, TeacherCenter
+from sapiens2.pretrain.centering import Centering, TeacherCenter, sinkhorn_knopp
+from sapiens2.pretrain.dino import DINOHead
 from sapiens2.pretrain.mae import MAEDecoder
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
 from sapiens2.pretrain.meta_arch import (
@@ -24,6 +25,7 @@ from sapiens2.pretrain.schedules import (
 )
 
 __all__ = [
+    "Centering",
     "DINOHead",
     "MAEDecoder",
     "MaskGenerator",
@@ -38,5 +40,6 @@ __all__ = [
     "mask_to_indices",
     "objective_schedules",
     "teacher_output",
+    "sinkhorn_knopp",
     "teacher_temp_schedule",
 ]

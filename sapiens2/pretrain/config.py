@@ -1,39 +1,59 @@
-"""Typed configuration of the Sapiens2 pretraining objective (MAE + CLS self-distillation)."""
+"""Typed configuration of the Sapiens2 pretraining objective (MAE + dense and CLS self-distillation)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ObjectiveConfig(BaseModel):
-    """Hyper-parameters of L = L_MAE + cl_weight * L_CL.
+    """Hyper-parameters of L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo.
 
-    Defaults follow the paper (mask ratio 0.75, blockwise probability 0.4) and the DINO recipe for
+    Defaults follow the paper (mask ratio 0.75, blockwise probability 0.4) and DINOv2/DINOv3 for
     the distillation branch (student temperature 0.1, teacher warmed up from 0.04 to 0.07,
-    EMA centre momentum 0.9, teacher EMA momentum ramped from 0.994 to 1 by a cosine).
+    Sinkhorn-Knopp centring with 3 iterations, KoLeo 0.1, iBOT patch loss 1.0).
+
+    Schedules are fractions of the run, so a 150-step demo and a 500k-step run get the same shape:
+    the teacher temperature warms up over ``teacher_temp_warmup_fraction`` of the steps, the last
+    layer of both heads stays frozen for ``freeze_last_layer_fraction``, and the teacher EMA starts
+    with a time constant of ``ema_time_constant_fraction`` of the run (never slower than
+    ``ema_momentum_start``, DINO's long-run value) and rises to ``ema_momentum_end`` on a cosine.
+    A fixed 0.994 start on a 150-step run leaves the teacher at its initial weights.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mask_ratio: float = Field(0.75, gt=0.0, lt=1.0)
     block_prob: float = Field(0.4, ge=0.0, le=1.0)
-    cl_weight: float = Field(1.0, ge=0.0, description="lambda, weight of the contrastive loss")
+    cl_weight: float = Field(1.0, ge=0.0, description="lambda, weight of the CLS (sparse) distillation loss")
+    ibot_weight: float = Field(1.0, ge=0.0, description="weight of the masked-patch (dense) distillation loss")
+    koleo_weight: float = Field(0.1, ge=0.0, description="weight of the KoLeo spread regulariser on the student CLS")
     n_local: int = Field(2, ge=0, description="local crops per image")
 
-    dino_out_dim: int = Field(65536, ge=2, description="number of prototypes")
+    dino_out_dim: int = Field(65536, ge=2, description="number of CLS prototypes")
+    ibot_out_dim: int | None = Field(None, ge=2, description="number of patch prototypes (default: dino_out_dim)")
     dino_hidden_dim: int = Field(2048, ge=1)
     dino_bottleneck_dim: int = Field(256, ge=1)
     student_temp: float = Field(0.1, gt=0.0)
     teacher_temp: float = Field(0.07, gt=0.0, description="teacher temperature after warmup")
     teacher_temp_warmup_start: float = Field(0.04, gt=0.0)
-    teacher_temp_warmup_steps: int = Field(0, ge=0)
-    center_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    teacher_temp_warmup_fraction: float = Field(0.3, ge=0.0, le=1.0)
+    centering: Literal["sinkhorn_knopp", "ema"] = "sinkhorn_knopp"
+    sinkhorn_iterations: int = Field(3, ge=1)
+    center_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="EMA centring only")
     ema_momentum_start: float = Field(0.994, ge=0.0, le=1.0)
     ema_momentum_end: float = Field(1.0, ge=0.0, le=1.0)
+    ema_time_constant_fraction: float = Field(0.05, gt=0.0, le=1.0)
+    freeze_last_layer_fraction: float = Field(0.05, ge=0.0, le=1.0)
 
     decoder_dim: int = Field(256, ge=1)
     decoder_depth: int = Field(2, ge=1)
     decoder_heads: int = Field(8, ge=1)
+
+    @property
+    def patch_prototypes(self) -> int:
+        return self.ibot_out_dim or self.dino_out_dim
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ObjectiveConfig:

@@ -101,13 +101,15 @@ class MAEDecoder(nn.Module):
         self.apply(_init_weights)
         nn.init.trunc_normal_(self.mask_token, std=0.02)
 
-    def forward(
+    def forward_features(
         self,
         tokens: torch.Tensor,
         keep_idx: torch.Tensor,
         mask_idx: torch.Tensor,
         grid: tuple[int, int],
     ) -> torch.Tensor:
+        """Normalised decoder states (B, N_mask, decoder_dim) at the masked positions: what the
+        pixel predictor and the dense distillation predictor both read."""
         x = self.embed(tokens)
         pos = sincos_pos_embed_2d(grid, self.decoder_dim).to(x.device, x.dtype)
         prefix, visible = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
@@ -116,7 +118,16 @@ class MAEDecoder(nn.Module):
         x = torch.cat([prefix, visible, masked], dim=1)
         for block in self.blocks:
             x = block(x)
-        return self.pred(self.norm(x[:, -mask_idx.shape[1] :]))
+        return self.norm(x[:, -mask_idx.shape[1] :])
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        keep_idx: torch.Tensor,
+        mask_idx: torch.Tensor,
+        grid: tuple[int, int],
+    ) -> torch.Tensor:
+        return self.pred(self.forward_features(tokens, keep_idx, mask_idx, grid))
 
 
 def mae_loss(

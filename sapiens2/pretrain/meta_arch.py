@@ -1,10 +1,17 @@
-"""Sapiens2 pretraining meta-architecture: L = L_MAE + lambda * L_CL, one function per phase.
+"""Sapiens2 pretraining meta-architecture: masked pixel reconstruction plus dense and sparse
+self-distillation, one function per phase (DINOv3 layout).
 
-Phases of a step (DINOv3 layout): ``teacher_output`` (EMA teacher on the full global crops ->
-centred, sharpened prototype probabilities), ``PretrainStudent.student_output`` (masked global
-crops through the encoder on visible tokens only, local crops in full), ``PretrainStudent.losses``
-(MAE on the masked patches, DINO cross-entropy of student CLS against the teacher), and
-``ema_update``. Multi-crop and masking are data code (``augment.py``, ``masking.py``).
+L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo.
+
+- ``teacher_output``: the EMA teacher sees the full global crops; its CLS logits and its patch
+  logits at the student's masked positions become targets (Sinkhorn-Knopp or EMA centring).
+- ``PretrainStudent.student_output``: the encoder sees the visible tokens only (MAE); the light
+  decoder inserts mask tokens and its states at the masked positions feed both the pixel
+  predictor and the patch predictor, whose head is matched to the teacher's patch assignment;
+  local crops run whole for the CLS term.
+- ``PretrainStudent.losses``: the four terms plus collapse monitors.
+- ``ema_update``: teacher <- EMA of the student's backbone and heads.
+Multi-crop and masking are data code (``augment.py``, ``masking.py``).
 """
 
 from __future__ import annotations
@@ -15,39 +22,47 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from sapiens2.pretrain import monitors
+from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.dino import DINOHead, TeacherCenter, dino_cross_entropy
+from sapiens2.pretrain.dino import DINOHead, dino_cross_entropy
+from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.mae import MAEDecoder, mae_loss
 
 # Largest number of ZeRO-3 partitioned elements gathered at once during the EMA update.
 _EMA_GATHER_NUMEL = 1 << 26
+LOSS_KEYS = ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo")
+MONITOR_KEYS = ("teacher_entropy", "teacher_marginal_entropy", "agreement", "cls_std")
+
+
+def _head(in_dim: int, out_dim: int, cfg: ObjectiveConfig) -> DINOHead:
+    return DINOHead(in_dim, out_dim, cfg.dino_hidden_dim, cfg.dino_bottleneck_dim)
 
 
 class PretrainStudent(nn.Module):
-    """The trained model: backbone + light MAE decoder + DINO head.
+    """The trained model: backbone + MAE decoder + CLS head (+ patch predictor and patch head).
 
-    ``forward(global_crops, local_crops, keep_idx, mask_idx, teacher_probs)`` takes lists with one
-    entry per global crop for ``global_crops`` (B, 3, H, W), ``keep_idx`` (B, N_keep),
-    ``mask_idx`` (B, N_mask) and ``teacher_probs`` (B, K), plus a (possibly empty) list of local
-    crops, and returns ``dict(loss, loss_mae, loss_cl)``.
+    ``forward(global_crops, local_crops, keep_idx, mask_idx, teacher)`` takes lists with one entry
+    per global crop for ``global_crops`` (B, 3, H, W), ``keep_idx`` (B, N_keep) and ``mask_idx``
+    (B, N_mask), a (possibly empty) list of local crops, and the ``teacher_output`` dict; it
+    returns the ``LOSS_KEYS`` and ``MONITOR_KEYS`` (monitors detached).
     """
 
     def __init__(self, backbone: nn.Module, cfg: ObjectiveConfig) -> None:
         super().__init__()
         self.backbone = backbone
+        dim = backbone.embed_dim
         self.mae_decoder = MAEDecoder(
-            backbone.embed_dim,
-            cfg.decoder_dim,
-            cfg.decoder_depth,
-            cfg.decoder_heads,
-            backbone.patch_size,
-            backbone.num_prefix_tokens,
+            dim, cfg.decoder_dim, cfg.decoder_depth, cfg.decoder_heads,
+            backbone.patch_size, backbone.num_prefix_tokens,
         )
-        self.dino_head = DINOHead(
-            backbone.embed_dim, cfg.dino_out_dim, cfg.dino_hidden_dim, cfg.dino_bottleneck_dim
-        )
-        self.cl_weight = cfg.cl_weight
-        self.student_temp = cfg.student_temp
+        self.dino_head = _head(dim, cfg.dino_out_dim, cfg)
+        if cfg.ibot_weight > 0:
+            # Maps decoder states into the backbone's token space, where the teacher's copy of
+            # the patch head reads its own (unmasked) tokens.
+            self.patch_predictor = nn.Linear(cfg.decoder_dim, dim)
+            self.ibot_head = _head(dim, cfg.patch_prototypes, cfg)
+        self.cfg = cfg
 
     def student_output(
         self,
@@ -56,52 +71,70 @@ class PretrainStudent(nn.Module):
         keep_idx: Sequence[torch.Tensor],
         mask_idx: Sequence[torch.Tensor],
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
-        """MAE predictions of the masked global patches and DINO logits of every crop's CLS."""
+        """Pixel predictions and patch logits at the masked positions, CLS logits of every crop."""
         images = torch.cat(list(global_crops))
         keep, masked = torch.cat(list(keep_idx)), torch.cat(list(mask_idx))
         tokens = self.backbone.forward_tokens(images, keep)
         patch = self.backbone.patch_size
         grid = (images.shape[-2] // patch, images.shape[-1] // patch)
-        pixel_pred = self.mae_decoder(tokens, keep, masked, grid)
+        states = self.mae_decoder.forward_features(tokens, keep, masked, grid)
+        out: dict[str, torch.Tensor | list[torch.Tensor]] = {
+            "images": images, "mask_idx": masked, "pixel_pred": self.mae_decoder.pred(states),
+            "global_cls": tokens[:, 0],
+        }
+        if self.cfg.ibot_weight > 0:
+            out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
         cls = [tokens[:, 0]]
         if local_crops:
             cls.append(self.backbone.forward_tokens(torch.cat(list(local_crops)))[:, 0])
         # One head call for all crops keeps a single parameter gather under ZeRO-3.
-        logits = self.dino_head(torch.cat(cls))
-        n_global, n_local = len(global_crops), len(local_crops)
-        views = logits.chunk(n_global + n_local)
-        return {
-            "images": images,
-            "mask_idx": masked,
-            "pixel_pred": pixel_pred,
-            "global_logits": list(views[:n_global]),
-            "local_logits": list(views[n_global:]),
-        }
+        views = self.dino_head(torch.cat(cls)).chunk(len(global_crops) + len(local_crops))
+        out["global_logits"] = list(views[: len(global_crops)])
+        out["local_logits"] = list(views[len(global_crops):])
+        return out
 
-    def losses(
-        self,
-        student: dict[str, torch.Tensor | list[torch.Tensor]],
-        teacher_probs: Sequence[torch.Tensor],
-    ) -> dict[str, torch.Tensor]:
-        """MAE loss on masked patches; DINO loss of each global crop against the teacher's other
-        global crop and of each local crop against both teacher global crops."""
+    def losses(self, student: dict, teacher: dict) -> dict[str, torch.Tensor]:
+        """MAE on masked patches; CLS cross-entropy of each global crop against the teacher's
+        other global crop and of each local crop against both; patch cross-entropy at the
+        masked positions of the same crop; KoLeo on each global crop's student CLS."""
+        cfg, probs = self.cfg, teacher["cls_probs"]
         loss_mae = mae_loss(
             student["pixel_pred"], student["images"], student["mask_idx"], self.backbone.patch_size
         )
         terms = [
-            dino_cross_entropy(logits, probs, self.student_temp)
+            dino_cross_entropy(logits, p, cfg.student_temp)
             for i, logits in enumerate(student["global_logits"])
-            for j, probs in enumerate(teacher_probs)
+            for j, p in enumerate(probs)
             if i != j
         ]
         terms += [
-            dino_cross_entropy(logits, probs, self.student_temp)
-            for logits in student["local_logits"]
-            for probs in teacher_probs
+            dino_cross_entropy(logits, p, cfg.student_temp)
+            for logits in student["local_logits"] for p in probs
         ]
         loss_cl = torch.stack(terms).mean()
-        loss = loss_mae + self.cl_weight * loss_cl
-        return {"loss": loss, "loss_mae": loss_mae, "loss_cl": loss_cl}
+        zero = loss_mae.new_zeros(())
+        loss_ibot = zero
+        if cfg.ibot_weight > 0:
+            logits = student["patch_logits"]
+            loss_ibot = dino_cross_entropy(
+                logits.flatten(0, 1), teacher["patch_probs"].flatten(0, 1), cfg.student_temp
+            )
+        cls_per_crop = student["global_cls"].chunk(len(probs))
+        loss_koleo = torch.stack([koleo_loss(c) for c in cls_per_crop]).mean() if cfg.koleo_weight > 0 else zero
+        loss = (loss_mae + cfg.cl_weight * loss_cl + cfg.ibot_weight * loss_ibot
+                + cfg.koleo_weight * loss_koleo)
+        with torch.no_grad():
+            teacher_probs = torch.cat(list(probs))
+            # Each global crop is judged against the teacher's view of the other crop.
+            crossed = torch.cat(list(probs)[::-1])
+            watched = {
+                "teacher_entropy": monitors.entropy(teacher_probs),
+                "teacher_marginal_entropy": monitors.marginal_entropy(teacher_probs),
+                "agreement": monitors.agreement(torch.cat(student["global_logits"]).detach(), crossed),
+                "cls_std": monitors.feature_std(student["global_cls"].detach()),
+            }
+        return {"loss": loss, "loss_mae": loss_mae, "loss_cl": loss_cl, "loss_ibot": loss_ibot,
+                "loss_koleo": loss_koleo, **watched}
 
     def forward(
         self,
@@ -109,38 +142,51 @@ class PretrainStudent(nn.Module):
         local_crops: Sequence[torch.Tensor],
         keep_idx: Sequence[torch.Tensor],
         mask_idx: Sequence[torch.Tensor],
-        teacher_probs: Sequence[torch.Tensor],
+        teacher: dict,
     ) -> dict[str, torch.Tensor]:
-        if not len(global_crops) == len(keep_idx) == len(mask_idx) == len(teacher_probs) >= 2:
+        if not len(global_crops) == len(keep_idx) == len(mask_idx) == len(teacher["cls_probs"]) >= 2:
             raise ValueError(
-                "global_crops, keep_idx, mask_idx and teacher_probs need one entry per global "
+                "global_crops, keep_idx, mask_idx and teacher cls_probs need one entry per global "
                 f"crop (>= 2), got {len(global_crops)}, {len(keep_idx)}, {len(mask_idx)}, "
-                f"{len(teacher_probs)}"
+                f"{len(teacher['cls_probs'])}"
             )
         student = self.student_output(global_crops, local_crops, keep_idx, mask_idx)
-        return self.losses(student, teacher_probs)
+        return self.losses(student, teacher)
 
 
 class TeacherModel(nn.Module):
-    """EMA teacher: a frozen copy of the student's backbone and DINO head; ``forward`` -> logits."""
+    """EMA teacher: a frozen copy of the student's backbone and heads.
 
-    def __init__(self, backbone: nn.Module, dino_head: DINOHead) -> None:
+    ``forward(images, mask_idx)`` -> (CLS logits (B, K), patch logits at ``mask_idx``
+    (B, N_mask, K_patch) or None without a patch head).
+    """
+
+    def __init__(self, backbone: nn.Module, dino_head: DINOHead, ibot_head: DINOHead | None) -> None:
         super().__init__()
         self.backbone = backbone
         self.dino_head = dino_head
+        self.ibot_head = ibot_head
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.dino_head(self.backbone.forward_tokens(images)[:, 0])
+    def forward(self, images: torch.Tensor, mask_idx: torch.Tensor | None = None):
+        tokens = self.backbone.forward_tokens(images)
+        cls_logits = self.dino_head(tokens[:, 0])
+        if self.ibot_head is None or mask_idx is None:
+            return cls_logits, None
+        patches = tokens[:, self.backbone.num_prefix_tokens:]
+        picked = patches.gather(1, mask_idx[..., None].expand(-1, -1, patches.shape[-1]))
+        return cls_logits, self.ibot_head(picked)
 
 
 def build_teacher(student: PretrainStudent) -> TeacherModel:
-    """Deep copy of the student's backbone and DINO head, frozen and in eval mode.
+    """Deep copy of the student's backbone and heads, frozen and in eval mode.
 
-    Call before DeepSpeed wraps the student: a ZeRO-3 partitioned parameter holds only its shard.
+    Call before DeepSpeed wraps the student (a ZeRO-3 partitioned parameter holds only its
+    shard), then move it to the engine's device once (``teacher.to(engine.device)``).
     """
     if any(hasattr(p, "ds_id") for p in student.parameters()):
         raise RuntimeError("build_teacher needs the unpartitioned student; call it before ZeRO-3")
-    teacher = TeacherModel(copy.deepcopy(student.backbone), copy.deepcopy(student.dino_head))
+    ibot = copy.deepcopy(student.ibot_head) if hasattr(student, "ibot_head") else None
+    teacher = TeacherModel(copy.deepcopy(student.backbone), copy.deepcopy(student.dino_head), ibot)
     teacher.requires_grad_(False)
     return teacher.eval()
 
@@ -149,19 +195,26 @@ def build_teacher(student: PretrainStudent) -> TeacherModel:
 def teacher_output(
     teacher: TeacherModel,
     global_crops: Sequence[torch.Tensor],
-    center: TeacherCenter,
+    mask_idx: Sequence[torch.Tensor],
+    centering: Centering,
     temp: float,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Teacher probabilities per global crop, softmax((logits - center) / temp), and the batch's
-    mean logits (to pass to ``center.update`` after the step).
+) -> dict[str, list[torch.Tensor] | torch.Tensor | None]:
+    """Targets per global crop: ``cls_probs`` (list of (B, K)) and ``patch_probs``
+    (2B, N_mask, K_patch) at the student's masked positions (None without a patch head).
 
-    Crops are cast to the teacher's parameter dtype: the teacher stays fp32 while a bf16 engine
+    Crops move to the teacher's device and dtype: the teacher stays fp32 while a bf16 engine
     feeds bf16 crops to the student.
     """
-    dtype = next(teacher.parameters()).dtype
-    logits = teacher(torch.cat(list(global_crops)).to(dtype)).float()
-    probs = torch.softmax((logits - center.center) / temp, dim=-1)
-    return list(probs.chunk(len(global_crops))), logits.mean(dim=0)
+    param = next(teacher.parameters())
+    images = torch.cat(list(global_crops)).to(param.device, param.dtype)
+    masked = torch.cat(list(mask_idx)).to(param.device)
+    cls_logits, patch_logits = teacher(images, masked)
+    cls_probs = centering.targets(cls_logits.float(), temp, "cls")
+    patch_probs = None
+    if patch_logits is not None:
+        flat = centering.targets(patch_logits.float().flatten(0, 1), temp, "patch")
+        patch_probs = flat.reshape(patch_logits.shape)
+    return {"cls_probs": list(cls_probs.chunk(len(global_crops))), "patch_probs": patch_probs}
 
 
 @torch.no_grad()
@@ -181,7 +234,7 @@ def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
     plain = [(t, s) for t, s in pairs if not hasattr(s, "ds_id")]
     if plain:
         targets = [t for t, _ in plain]
-        torch._foreach_lerp_(targets, [s.detach().to(t.dtype) for t, s in plain], weight)
+        torch._foreach_lerp_(targets, [s.detach().to(t.device, t.dtype) for t, s in plain], weight)
     partitioned = [(t, s) for t, s in pairs if hasattr(s, "ds_id")]
     if partitioned:
         import deepspeed  # only needed, and only importable cheaply, when ZeRO-3 is in use
@@ -189,7 +242,7 @@ def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
         for chunk in _chunk_by_numel(partitioned, _EMA_GATHER_NUMEL):
             with deepspeed.zero.GatheredParameters([s for _, s in chunk], modifier_rank=None):
                 for t, s in chunk:
-                    t.lerp_(s.detach().to(t.dtype), weight)
+                    t.lerp_(s.detach().to(t.device, t.dtype), weight)
 
 
 def _chunk_by_numel(

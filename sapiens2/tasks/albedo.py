@@ -56,9 +56,12 @@ class AlbedoTask(Task):
     l1_weight: float = 2.0
     gradient_l1_weight: float = 2.0
     chromaticity_l1_weight: float = 1.0
+    # At the small recipes' guided heads: predict a correction of the input image (the image is
+    # shading times albedo), starting from the identity instead of a constant.
+    image_residual: bool = True
 
     def build_head(self, embed_dim: int, scale: str) -> nn.Module:
-        return build_pixel_shuffle_head(embed_dim, scale, 3, norm="rms")
+        return build_pixel_shuffle_head(embed_dim, scale, 3, norm="rms", image_residual=self.image_residual)
 
     def loss(
         self, pred: torch.Tensor, batch: dict[str, Any]

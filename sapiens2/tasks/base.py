@@ -73,6 +73,8 @@ class Task(abc.ABC):
     name: ClassVar[str]
     primary_metric: ClassVar[str]
     higher_is_better: ClassVar[bool]
+    # Top-down tasks see the person box (padded by this factor) as their whole input; None: the image.
+    person_crop_padding: float | None = None
 
     @abc.abstractmethod
     def build_head(self, embed_dim: int, scale: str) -> nn.Module:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.base import check_scale
 
 
@@ -97,10 +98,33 @@ def make_norm(kind: str, channels: int) -> nn.Module:
     raise ValueError(f"unknown norm {kind!r}; expected 'instance' or 'rms'")
 
 
+class ImageGuidance(nn.Module):
+    """Refines a head's full-resolution features with the input image before the output conv.
+
+    At the small recipes' 128x96 input the token grid is 8x6, so a head upsampling tokens alone
+    cannot place a part boundary or an albedo edge finer than a 16-px patch; one 3x3 conv over
+    [features, image] lets the pixels it already sees decide the detail. Only the "tiny" heads
+    use it (``GUIDED_SCALES``): the reference heads keep the published layout.
+    """
+
+    def __init__(self, channels: int, norm: str = "instance") -> None:
+        super().__init__()
+        self.refine = nn.Sequential(*_conv_norm_act(channels + 3, channels, norm))
+
+    def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        if image.shape[-2:] != x.shape[-2:]:
+            image = F.interpolate(image, size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return self.refine(torch.cat([x, image.to(x.dtype)], dim=1))
+
+
+GUIDED_SCALES = ("tiny",)
+
+
 class DeconvHead(nn.Module):
     """ConvTranspose(k4, s2, p1, no bias) + IN + SiLU stages, 1x1 conv + IN + SiLU, 1x1 out."""
 
-    def __init__(self, in_channels: int, widths: DeconvWidths, out_channels: int) -> None:
+    def __init__(self, in_channels: int, widths: DeconvWidths, out_channels: int,
+                 image_guidance: bool = False) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
@@ -115,10 +139,23 @@ class DeconvHead(nn.Module):
             layers += [nn.Conv2d(channels, width, 1), make_norm("instance", width), nn.SiLU()]
             channels = width
         self.layers = nn.Sequential(*layers)
+        self.guidance = ImageGuidance(channels) if image_guidance else None
         self.out = nn.Conv2d(channels, out_channels, 1)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.out(self.layers(features))
+    @property
+    def takes_image(self) -> bool:
+        return self.guidance is not None
+
+    def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        return self.out(_guided(self.layers(features), self.guidance, image))
+
+
+def _guided(x: torch.Tensor, guidance: ImageGuidance | None, image: torch.Tensor | None) -> torch.Tensor:
+    if guidance is None:
+        return x
+    if image is None:
+        raise ValueError("this head refines with the input image: call it as head(features, image)")
+    return guidance(x, image)
 
 
 def _conv_norm_act(c_in: int, c_out: int, norm: str) -> list[nn.Module]:
@@ -134,6 +171,8 @@ class PixelShuffleDecoder(nn.Module):
         widths: PixelShuffleWidths,
         out_channels: int,
         norm: str = "instance",
+        image_guidance: bool = False,
+        image_residual: bool = False,
     ) -> None:
         super().__init__()
         layers = _conv_norm_act(in_channels, widths.upsample[0], norm)
@@ -150,10 +189,32 @@ class PixelShuffleDecoder(nn.Module):
             layers += _conv_norm_act(channels, width, norm)
             channels = width
         self.layers = nn.Sequential(*layers)
+        self.guidance = ImageGuidance(channels, norm) if image_guidance else None
         self.out = nn.Conv2d(channels, out_channels, 1)
+        if image_residual and (not image_guidance or out_channels != 3):
+            raise ValueError("image_residual predicts a correction of the RGB input: needs image_guidance and 3 outputs")
+        self.image_residual = image_residual
+        if image_residual:
+            # The first prediction is the input image itself, the strongest trivial albedo.
+            nn.init.zeros_(self.out.weight)
+            nn.init.zeros_(self.out.bias)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.out(self.layers(features))
+    @property
+    def takes_image(self) -> bool:
+        return self.guidance is not None
+
+    def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.out(_guided(self.layers(features), self.guidance, image))
+        if self.image_residual:
+            out = out + F.interpolate(denormalize(image), size=out.shape[-2:], mode="bilinear", align_corners=False)
+        return out
+
+
+def denormalize(image: torch.Tensor) -> torch.Tensor:
+    """A normalised (B, 3, H, W) image back to RGB in [0, 1]."""
+    mean = image.new_tensor(IMAGE_MEAN).view(1, 3, 1, 1)
+    std = image.new_tensor(IMAGE_STD).view(1, 3, 1, 1)
+    return (image * std + mean) / 255.0
 
 
 class ScaleBranch(nn.Module):
@@ -195,24 +256,32 @@ class PointmapHead(nn.Module):
     def __init__(self, in_channels: int, scale: str) -> None:
         super().__init__()
         widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, in_channels, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
-        self.decoder = PixelShuffleDecoder(in_channels, widths, 3)
+        self.decoder = PixelShuffleDecoder(in_channels, widths, 3, image_guidance=scale in GUIDED_SCALES)
         self.scale_branch = ScaleBranch(in_channels, SCALE_BRANCH_WIDTHS[scale])
 
-    def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
-        canonical = self.decoder(features)
+    @property
+    def takes_image(self) -> bool:
+        return self.decoder.takes_image
+
+    def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        canonical = self.decoder(features, image)
         s = self.scale_branch(features)
         return {"pointmap": canonical / s[:, None, None, None], "canonical": canonical, "scale": s}
 
 
 def build_deconv_head(
     embed_dim: int, widths: dict[str, DeconvWidths], scale: str, out: int,
-    by_embed_dim: dict[int, DeconvWidths] | None = None,
+    by_embed_dim: dict[int, DeconvWidths] | None = None, full_resolution: bool = False,
 ) -> DeconvHead:
-    return DeconvHead(embed_dim, select_widths(widths, scale, embed_dim, by_embed_dim), out)
+    """`full_resolution` heads (segmentation) refine with the image at the guided scales."""
+    guided = full_resolution and scale in GUIDED_SCALES
+    return DeconvHead(embed_dim, select_widths(widths, scale, embed_dim, by_embed_dim), out, guided)
 
 
 def build_pixel_shuffle_head(
-    embed_dim: int, scale: str, out: int, norm: str = "instance"
+    embed_dim: int, scale: str, out: int, norm: str = "instance", image_residual: bool = False
 ) -> PixelShuffleDecoder:
+    """`image_residual` (albedo) predicts a correction added to the RGB input at the guided scales."""
     widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, embed_dim, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
-    return PixelShuffleDecoder(embed_dim, widths, out, norm)
+    guided = scale in GUIDED_SCALES
+    return PixelShuffleDecoder(embed_dim, widths, out, norm, image_guidance=guided, image_residual=image_residual and guided)

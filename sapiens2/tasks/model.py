@@ -27,7 +27,10 @@ class TaskModel(nn.Module):
         self.head = head
 
     def forward(self, images: torch.Tensor) -> Any:
-        return self.head(self.backbone(images))
+        features = self.backbone(images)
+        if getattr(self.head, "takes_image", False):
+            return self.head(features, images)
+        return self.head(features)
 
 
 def build_task_model(

@@ -1,4 +1,4 @@
-"""Pointmap: canonical XYZ decoder + scale branch, geometric losses, metric-space errors.
+"""Pointmap: canonical XYZ decoder + scale branch, geometric losses, canonical and metric errors.
 
 The head predicts the pointmap of a canonical camera with focal f_canonical (the metric
 pointmap scaled isotropically by s = f_canonical / f_x, as in the reference data pipeline) and
@@ -58,7 +58,8 @@ class PointmapTask(Task):
     """Camera-space pointmaps in metres with a per-image focal scale."""
 
     name: ClassVar[str] = "pointmap"
-    primary_metric: ClassVar[str] = "l2_mean"
+    # Scale-invariant: metric scale is not determinable from the image (PointmapMetric).
+    primary_metric: ClassVar[str] = "canonical_l2_mean"
     higher_is_better: ClassVar[bool] = False
 
     canonical_focal_per_width: float = 1.0  # 768 px focal at the 768 px reference width
@@ -115,12 +116,16 @@ class PointmapTask(Task):
 
 
 class PointmapMetric(SummedStateMetric):
-    """Metric-space pointmap errors over masked pixels, all from sums (metres, fractions).
+    """Pointmap errors over masked pixels, all from sums (metres, canonical units, fractions).
 
-    l2_mean: mean Euclidean error; rmse: sqrt of mean squared Euclidean error; mae_x/y/z: per-
-    axis mean absolute error; within_<d>cm: fraction of pixels with Euclidean error below d;
+    canonical_l2_mean (the primary metric): mean Euclidean error between the predicted canonical
+    map and the ground truth's (metric pointmap x s_gt); it is what the reference evaluator
+    scores, since metric scale is not determinable from one image. Metric space: l2_mean: mean
+    Euclidean error; rmse: sqrt of mean squared Euclidean error; mae_x/y/z: per-axis mean
+    absolute error; within_<d>cm: fraction of pixels with Euclidean error below d;
     derived_normal_angular_error_*: angle between normals derived from the predicted and the
-    ground-truth pointmaps; scale_mae: mean |s - s_gt| per image.
+    ground-truth pointmaps. Scale, per image: scale_mae: mean |s - s_gt|; scale_rel_error: mean
+    |s - s_gt| / s_gt.
     """
 
     def __init__(self, canonical_focal_per_width: float = 1.0) -> None:
@@ -129,12 +134,14 @@ class PointmapMetric(SummedStateMetric):
 
     def _empty_state(self) -> dict[str, np.ndarray]:
         state = {
+            "sum_canonical_l2": np.zeros((), np.float64),
             "sum_l2": np.zeros((), np.float64),
             "sum_sq": np.zeros((), np.float64),
             "sum_abs": np.zeros(3, np.float64),
             "count": np.zeros((), np.int64),
             "within": np.zeros(len(WITHIN_M), np.int64),
             "sum_scale_abs": np.zeros((), np.float64),
+            "sum_scale_rel": np.zeros((), np.float64),
             "images": np.zeros((), np.int64),
         }
         state.update({f"normal_{k}": v for k, v in empty_angular_state().items()})
@@ -152,7 +159,12 @@ class PointmapMetric(SummedStateMetric):
         self.state["count"] += l2.numel()
         self.state["within"] += np.array([(l2 < d).sum().item() for d in WITHIN_M], np.int64)
         s_gt = canonical_scale(batch, self.canonical_focal_per_width, points)
-        self.state["sum_scale_abs"] += (pred["scale"].detach().double() - s_gt).abs().sum().item()
+        canonical_target = target * s_gt[:, None, None, None]
+        canonical_diff = (pred["canonical"].detach().to(points) - canonical_target).permute(0, 2, 3, 1)[mask]
+        self.state["sum_canonical_l2"] += canonical_diff.norm(dim=1).sum().item()
+        scale_abs = (pred["scale"].detach().to(points) - s_gt).abs()
+        self.state["sum_scale_abs"] += scale_abs.sum().item()
+        self.state["sum_scale_rel"] += (scale_abs / s_gt).sum().item()
         self.state["images"] += points.shape[0]
         pred_normals, valid = normals_from_pointmap(points, mask)
         target_normals, _ = normals_from_pointmap(target, mask)
@@ -165,13 +177,16 @@ class PointmapMetric(SummedStateMetric):
         if count == 0:
             raise ValueError("PointmapMetric.compute called with no masked pixels")
         mae = self.state["sum_abs"] / count
+        images = int(self.state["images"])
         out = {
+            "canonical_l2_mean": float(self.state["sum_canonical_l2"]) / count,
             "l2_mean": float(self.state["sum_l2"]) / count,
             "rmse": float(np.sqrt(self.state["sum_sq"] / count)),
             "mae_x": float(mae[0]),
             "mae_y": float(mae[1]),
             "mae_z": float(mae[2]),
-            "scale_mae": float(self.state["sum_scale_abs"]) / int(self.state["images"]),
+            "scale_mae": float(self.state["sum_scale_abs"]) / images,
+            "scale_rel_error": float(self.state["sum_scale_rel"]) / images,
         }
         for d, n in zip(WITHIN_M, self.state["within"], strict=True):
             out[f"within_{round(d * 100)}cm"] = int(n) / count

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+import math
+from typing import Any, ClassVar, Literal
 
 import cv2
 import numpy as np
@@ -50,7 +51,14 @@ class PoseTask(Task):
     skeleton: tuple[tuple[int, int], ...] | None = None
     flip_test: bool = True
     heatmap_mse_weight: float = 10.0
+    # "mse": the reference's heatmap regression. "spatial_ce": each keypoint's map is a softmax
+    # over the cells, trained with cross-entropy against the normalised Gaussian target; every
+    # cell gets gradient from the first step, so small models leave the all-zero plateau at once.
+    heatmap_loss: Literal["mse", "spatial_ce"] = "mse"
     heatmap_stride: int = 4  # image pixels per heatmap cell: 16 per token / 4x upsampling
+    # Top-down, as the reference evaluates: the (ground-truth or detected) person box, padded
+    # by 1.25, fills the input, so the heatmaps spend their cells on the person.
+    person_crop_padding: float | None = 1.25
     _flip_index: list[int] = field(init=False, repr=False, compare=False)
     # (name, keypoint indices) of the subsets OKS AP is also reported for.
     eval_groups: tuple[tuple[str, tuple[int, ...]], ...] = field(
@@ -91,18 +99,34 @@ class PoseTask(Task):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         codec = self.codec(tuple(pred.shape[-2:]), tuple(batch["image"].shape[-2:]))
         target, weight = codec.encode(batch["keypoints"].to(pred))
+        if self.heatmap_loss == "spatial_ce":
+            log_probs = torch.log_softmax(pred.flatten(-2).float(), dim=-1)
+            dist = target.flatten(-2) / target.flatten(-2).sum(-1, keepdim=True).clamp_min(1e-12)
+            ce = -(dist * log_probs).sum(-1)
+            spatial_ce = (ce * weight).sum() / weight.sum().clamp_min(1.0)
+            return spatial_ce, {"spatial_ce": float(spatial_ce.detach()), "loss": float(spatial_ce.detach())}
         # Mean over all B*K*h*w cells with unlabelled or off-map keypoints zeroed (MMPose's
         # KeypointMSELoss with target weights).
         heatmap_mse = ((pred - target).pow(2) * weight[..., None, None]).mean()
         total = self.heatmap_mse_weight * heatmap_mse
         return total, {"heatmap_mse": float(heatmap_mse.detach()), "loss": float(total.detach())}
 
+    def heatmaps(self, output: torch.Tensor) -> torch.Tensor:
+        """The model output as heatmaps the codec decodes: as is for "mse"; for "spatial_ce" the
+        softmax over cells, scaled by 2 pi sigma^2 so a perfect Gaussian peaks at 1 like the
+        regression targets (scores stay comparable and the overlay threshold keeps its meaning)."""
+        if self.heatmap_loss == "mse":
+            return output
+        probs = torch.softmax(output.flatten(-2).float(), dim=-1).reshape(output.shape)
+        return probs * (2 * math.pi * self.sigma**2)
+
     @torch.no_grad()
     def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """Heatmaps, averaged with those of the mirrored image when flip_test is on."""
-        heatmaps = model(images)
+        heatmaps = self.heatmaps(model(images))
         if self.flip_test:
-            heatmaps = 0.5 * (heatmaps + flip_heatmaps(model(images.flip(-1)), self._flip_index))
+            flipped = self.heatmaps(model(images.flip(-1)))
+            heatmaps = 0.5 * (heatmaps + flip_heatmaps(flipped, self._flip_index))
         return heatmaps
 
     def decode(self, pred: torch.Tensor) -> list[np.ndarray]:

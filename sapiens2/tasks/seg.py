@@ -59,7 +59,7 @@ class SegTask(Task):
         return len(self.class_names)
 
     def build_head(self, embed_dim: int, scale: str) -> nn.Module:
-        return build_deconv_head(embed_dim, SEG_WIDTHS, scale, self.num_classes)
+        return build_deconv_head(embed_dim, SEG_WIDTHS, scale, self.num_classes, full_resolution=True)
 
     def loss(
         self, pred: torch.Tensor, batch: dict[str, Any]

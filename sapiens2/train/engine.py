@@ -128,10 +128,12 @@ def initialize(
     return engine
 
 
-def set_lr(engine: deepspeed.DeepSpeedEngine, lr: float) -> None:
-    """Set every param group's lr to `lr * group['lr_scale']`; call before each optimizer step."""
+def set_lr(engine: deepspeed.DeepSpeedEngine, lr: float, step: int | None = None) -> None:
+    """Set every param group's lr to `lr * group['lr_scale']`, or 0 for a group still frozen at
+    `step` (`frozen_until`); call before each optimizer step."""
     for group in engine.optimizer.param_groups:
-        group["lr"] = lr * group["lr_scale"]
+        frozen = step is not None and step < group.get("frozen_until", 0)
+        group["lr"] = 0.0 if frozen else lr * group["lr_scale"]
 
 
 def autocast_inputs(engine: deepspeed.DeepSpeedEngine, tensor: torch.Tensor) -> torch.Tensor:

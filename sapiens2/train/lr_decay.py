@@ -15,6 +15,7 @@ def layerwise_param_groups(
     num_layers: int,
     layer_id_fn: Callable[[str], int],
     backbone_prefix: str = "backbone.",
+    frozen_steps: Callable[[str], int] | None = None,
 ) -> list[dict]:
     """Split the trainable parameters of `model` into AdamW groups.
 
@@ -24,10 +25,12 @@ def layerwise_param_groups(
     rate^(L+1), block i rate^(L-i) and the final norm 1; parameters outside the backbone (task
     heads, decoders) get 1. 1-D parameters (norms, LayerScale) and biases get no weight decay.
 
-    Each group carries `lr` (= base_lr * lr_scale), `lr_scale` and `weight_decay`; the training
-    loop rescales `lr` from `lr_scale` every step.
+    Each group carries `lr` (= base_lr * lr_scale), `lr_scale`, `weight_decay` and
+    `frozen_until` (the training loop rescales `lr` from `lr_scale` every step and sets it to 0
+    before step `frozen_until`). `frozen_steps(name)` gives a parameter's frozen steps (DINO's
+    last layer); frozen parameters get no weight decay either.
     """
-    groups: dict[tuple[float, float], dict] = {}
+    groups: dict[tuple[float, float, int], dict] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
@@ -37,9 +40,11 @@ def layerwise_param_groups(
             if not 0 <= layer_id <= num_layers + 1:
                 raise ValueError(f"layer_id_fn gave {layer_id} for {name!r}; expected 0..{num_layers + 1}")
             scale = layer_decay ** (num_layers + 1 - layer_id)
-        decay = 0.0 if param.ndim <= 1 or name.endswith(".bias") else weight_decay
+        frozen = frozen_steps(name) if frozen_steps else 0
+        decay = 0.0 if param.ndim <= 1 or name.endswith(".bias") or frozen else weight_decay
         group = groups.setdefault(
-            (scale, decay), {"params": [], "lr": base_lr * scale, "lr_scale": scale, "weight_decay": decay}
+            (scale, decay, frozen),
+            {"params": [], "lr": base_lr * scale, "lr_scale": scale, "weight_decay": decay, "frozen_until": frozen},
         )
         group["params"].append(param)
     return list(groups.values())

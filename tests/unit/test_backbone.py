@@ -189,15 +189,18 @@ def test_forward_outputs(name):
         backbone(torch.randn(1, 3, 120, 96))
 
 
-def test_init_follows_reference():
+@pytest.mark.parametrize("arch, layer_scale", [("sapiens2_tiny", 0.1), ("sapiens2_0.1b", 1e-4)])
+def test_init_follows_reference(arch, layer_scale):
+    # Published sizes keep the reference LayerScale 1e-4 (checkpoint compatibility); the small
+    # CPU recipes start at 0.1 so a briefly trained model's attention depends on the image.
     torch.manual_seed(0)
-    backbone = build_backbone("sapiens2_tiny")
+    backbone = build_backbone(arch, img_size=(128, 96))
     params = dict(backbone.named_parameters())
     for name, p in params.items():
         if name.endswith(".bias"):
             assert torch.all(p == 0), name
         elif "gamma" in name:
-            assert torch.allclose(p, torch.full_like(p, 1e-4)), name
+            assert torch.allclose(p, torch.full_like(p, layer_scale)), name
         elif "norm" in name or name.endswith(("ln1.weight", "ln2.weight")):
             assert torch.all(p == 1), name
         else:
@@ -213,11 +216,12 @@ def test_visible_tokens_all_indices_equal_full_forward():
         everything = backbone.forward_tokens(x, torch.arange(48).expand(2, 48))
         perm = torch.stack([torch.randperm(48), torch.randperm(48)])
         shuffled = backbone.forward_tokens(x, perm)
-    torch.testing.assert_close(everything, full)
-    # Token order must not matter: RoPE rows travel with their patches.
-    torch.testing.assert_close(shuffled[:, :PREFIX], full[:, :PREFIX], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(everything, full, atol=1e-4, rtol=1e-4)
+    # Token order must not matter: RoPE rows travel with their patches. Only the summation order
+    # of attention changes; with the tiny recipe's LayerScale 0.1 that rounding reaches ~2e-5.
+    torch.testing.assert_close(shuffled[:, :PREFIX], full[:, :PREFIX], atol=1e-4, rtol=1e-4)
     expected = torch.stack([full[b, PREFIX + perm[b]] for b in range(2)])
-    torch.testing.assert_close(shuffled[:, PREFIX:], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shuffled[:, PREFIX:], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_patch_embed_of_visible_patches_matches_conv():

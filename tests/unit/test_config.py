@@ -55,7 +55,10 @@ def test_overrides_are_applied_and_typed() -> None:
     config = load_config(None, {"pretrain.deepspeed.zero_stage": 3, "finetune.init_checkpoint": "/x.safetensors"})
     assert isinstance(config, PlatformConfig)
     assert config.pretrain.deepspeed.zero_stage == 3
+    assert config.pretrain.deepspeed.micro_batch_size == 8  # pretraining's default, not DeepSpeed's 1
     assert config.finetune.init_checkpoint == "/x.safetensors"
+    with pytest.raises(ValueError, match="koleo_weight > 0 needs deepspeed.micro_batch_size >= 2"):
+        load_config(None, {"pretrain.deepspeed.micro_batch_size": 1})
 
 
 def test_task_settings_reach_the_task_and_unknown_ones_are_named() -> None:
@@ -78,3 +81,17 @@ def test_augmentation_recipe_is_validated_and_off_by_default() -> None:
         load_config(None, {"finetune.augment.affine_prob": 1.5})
     with pytest.raises(ValueError, match=r"finetune\.augment.*rotation"):
         load_config(None, {"finetune.augment.rotation": 10})
+
+
+def test_gate_defaults_and_margin_overrides() -> None:
+    config = load_config(PROJECT_ROOT / "params.yaml")
+    assert config.evaluate.gate_baseline == "trivial"
+    assert config.evaluate.gate_margin == {"pose": 0.02, "seg": 0.02, "normal": 1.0, "pointmap": 0.01, "albedo": 0.5}
+    relaxed = load_config(PROJECT_ROOT / "params.yaml", {"evaluate.gate_margin.pose": 0.0,
+                                                         "evaluate.gate_baseline": "untrained_head"})
+    assert relaxed.evaluate.gate_margin["pose"] == 0.0 and relaxed.evaluate.gate_margin["normal"] == 1.0
+    assert relaxed.evaluate.gate_baseline == "untrained_head"
+    for bad in ({"evaluate.gate_margin.depth": 0.1}, {"evaluate.gate_margin.seg": -0.1},
+                {"evaluate.gate_baseline": "oracle"}):
+        with pytest.raises(ValueError, match="evaluate"):
+            load_config(PROJECT_ROOT / "params.yaml", bad)

@@ -1,4 +1,4 @@
-"""MAE + DINO pretraining objective on the debug backbone."""
+"""MAE + CLS and masked-patch self-distillation objective on the debug backbone."""
 
 import os
 import subprocess
@@ -13,8 +13,10 @@ from pydantic import ValidationError
 
 from sapiens2.model import build_backbone
 from sapiens2.pretrain.augment import MultiCropAugment
+from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.dino import DINOHead, TeacherCenter, dino_cross_entropy
+from sapiens2.pretrain.dino import DINOHead, dino_cross_entropy
+from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.mae import (
     mae_loss,
     normalized_pixel_targets,
@@ -24,13 +26,17 @@ from sapiens2.pretrain.mae import (
 )
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
 from sapiens2.pretrain.meta_arch import (
+    LOSS_KEYS,
+    MONITOR_KEYS,
     PretrainStudent,
     build_teacher,
     ema_update,
     teacher_output,
 )
+from sapiens2.pretrain.monitors import entropy
 from sapiens2.pretrain.schedules import (
     ema_momentum_schedule,
+    ema_momentum_start,
     objective_schedules,
     teacher_temp_schedule,
 )
@@ -50,10 +56,11 @@ def single_thread():
     torch.set_num_threads(previous)
 
 
-def make_student(seed: int = 0, backbone_overrides: dict | None = None) -> PretrainStudent:
+def make_student(seed: int = 0, backbone_overrides: dict | None = None,
+                 **objective) -> PretrainStudent:
     torch.manual_seed(seed)
     backbone = build_backbone("sapiens2_debug", img_size=GLOBAL, **(backbone_overrides or {}))
-    return PretrainStudent(backbone, ObjectiveConfig(**SMALL))
+    return PretrainStudent(backbone, ObjectiveConfig(**{**SMALL, **objective}))
 
 
 def make_batch(batch: int = 4, seed: int = 0) -> dict:
@@ -83,6 +90,16 @@ def test_config_is_frozen_and_errors_name_fields():
         ObjectiveConfig(ema_momentum_start=0.999, ema_momentum_end=0.99)
     with pytest.raises(ValidationError, match="n_locals"):
         ObjectiveConfig(n_locals=2)
+    # Schedules are fractions of the run now; the old step count is an unknown field.
+    with pytest.raises(ValidationError, match="teacher_temp_warmup_steps"):
+        ObjectiveConfig(teacher_temp_warmup_steps=5)
+    with pytest.raises(ValidationError, match="freeze_last_layer_fraction"):
+        ObjectiveConfig(freeze_last_layer_fraction=1.5)
+    with pytest.raises(ValidationError, match="centering"):
+        ObjectiveConfig(centering="softmax")
+    assert cfg.centering == "sinkhorn_knopp" and cfg.sinkhorn_iterations == 3
+    assert cfg.patch_prototypes == cfg.dino_out_dim
+    assert ObjectiveConfig(ibot_out_dim=128).patch_prototypes == 128
 
 
 def test_patchify_layout_and_roundtrip():
@@ -149,42 +166,71 @@ def test_dino_head_logits_are_cosine_similarities():
 
 
 def test_global_views_are_paired_with_the_other_teacher_view():
-    student = make_student()
+    student = make_student(ibot_weight=0.5, koleo_weight=0.2)
     logits = [torch.randn(4, 256), torch.randn(4, 256)]
     probs = [torch.softmax(torch.randn(4, 256), -1), torch.softmax(torch.randn(4, 256), -1)]
-    pixel_pred = torch.zeros(4, 1, 768)
-    fake = {"images": torch.zeros(4, 3, 16, 16), "mask_idx": torch.zeros(4, 1, dtype=torch.long),
-            "pixel_pred": pixel_pred, "global_logits": logits, "local_logits": [logits[0]]}
-    losses = student.losses(fake, probs)
+    patch_logits = torch.randn(8, 3, 256)
+    patch_probs = torch.softmax(torch.randn(8, 3, 256), -1)
+    global_cls = torch.randn(8, 64)
+    fake = {"images": torch.zeros(8, 3, 16, 16), "mask_idx": torch.zeros(8, 1, dtype=torch.long),
+            "pixel_pred": torch.zeros(8, 1, 768), "global_cls": global_cls,
+            "global_logits": logits, "local_logits": [logits[0]], "patch_logits": patch_logits}
+    losses = student.losses(fake, {"cls_probs": probs, "patch_probs": patch_probs})
     ce = [[dino_cross_entropy(s, t, 0.1) for t in probs] for s in logits]
     expected = (ce[0][1] + ce[1][0] + ce[0][0] + ce[0][1]) / 4
     torch.testing.assert_close(losses["loss_cl"], expected)
-    torch.testing.assert_close(losses["loss"], losses["loss_mae"] + losses["loss_cl"])
+    # Each masked patch is matched to the teacher's target at the same position of the same crop.
+    torch.testing.assert_close(
+        losses["loss_ibot"],
+        dino_cross_entropy(patch_logits.flatten(0, 1), patch_probs.flatten(0, 1), 0.1),
+    )
+    # KoLeo spreads each global crop's batch separately: crop 0's images are not crop 1's neighbours.
+    koleo = (koleo_loss(global_cls[:4]) + koleo_loss(global_cls[4:])) / 2
+    torch.testing.assert_close(losses["loss_koleo"], koleo)
+    torch.testing.assert_close(
+        losses["loss"],
+        losses["loss_mae"] + losses["loss_cl"] + 0.5 * losses["loss_ibot"] + 0.2 * koleo,
+    )
+    assert set(losses) == set(LOSS_KEYS + MONITOR_KEYS)
+    # Agreement judges each global crop against the teacher's view of the other crop.
+    crossed = torch.cat([probs[1], probs[0]]).argmax(-1)
+    agree = (torch.cat(logits).argmax(-1) == crossed).float().mean()
+    torch.testing.assert_close(losses["agreement"], agree)
 
 
 def test_teacher_output_centres_and_sharpens():
     student = make_student()
     teacher = build_teacher(student)
-    crops = make_batch()["global_crops"]
-    center = TeacherCenter(256, momentum=0.9)
-    warm, batch_center = teacher_output(teacher, crops, center, temp=0.07)
-    cold, _ = teacher_output(teacher, crops, center, temp=0.02)
-    assert len(warm) == 2 and warm[0].shape == (4, 256)
-    torch.testing.assert_close(warm[0].sum(-1), torch.ones(4))
-    assert cold[0].max(-1).values.mean() > warm[0].max(-1).values.mean()
-    logits = teacher(torch.cat(crops))
-    torch.testing.assert_close(batch_center, logits.mean(0))
+    batch = make_batch()
+    crops, masks = batch["global_crops"], batch["mask_idx"]
+    centering = Centering("ema", 256, 256, momentum=0.9)
+    warm = teacher_output(teacher, crops, masks, centering, temp=0.07)
+    cold = teacher_output(teacher, crops, masks, centering, temp=0.02)
+    assert len(warm["cls_probs"]) == 2 and warm["cls_probs"][0].shape == (4, 256)
+    assert warm["patch_probs"].shape == (8, 9, 256)
+    torch.testing.assert_close(warm["cls_probs"][0].sum(-1), torch.ones(4))
+    torch.testing.assert_close(warm["patch_probs"].sum(-1), torch.ones(8, 9))
+    sharpest = lambda probs: probs.max(-1).values.mean()  # noqa: E731
+    assert sharpest(cold["cls_probs"][0]) > sharpest(warm["cls_probs"][0])
+    assert sharpest(cold["patch_probs"]) > sharpest(warm["patch_probs"])
 
-    center.update(batch_center)
-    torch.testing.assert_close(center.center, 0.1 * batch_center.view(1, -1))
+    cls_logits, patch_logits = teacher(torch.cat(crops), torch.cat(masks))
+    cls_mean, patch_mean = cls_logits.mean(0), patch_logits.flatten(0, 1).mean(0)
+    centering.update()  # both calls saw the same logits, so the mean of means is the batch mean
+    torch.testing.assert_close(centering.cls.center, 0.1 * cls_mean.view(1, -1))
+    torch.testing.assert_close(centering.patch.center, 0.1 * patch_mean.view(1, -1))
     # Subtracting the teacher's own mean makes the average teacher distribution flatter.
-    center.load_state_dict({"center": batch_center.view(1, -1)})
-    centred, _ = teacher_output(teacher, crops, center, temp=0.07)
-    assert torch.cat(centred).mean(0).max() < torch.cat(warm).mean(0).max()
+    centering.load_state_dict({"cls.center": cls_mean.view(1, -1),
+                               "patch.center": patch_mean.view(1, -1)})
+    centred = teacher_output(teacher, crops, masks, centering, temp=0.07)
+    assert torch.cat(centred["cls_probs"]).mean(0).max() < torch.cat(warm["cls_probs"]).mean(0).max()
+    flat = lambda probs: probs.flatten(0, 1).mean(0).max()  # noqa: E731
+    assert flat(centred["patch_probs"]) < flat(warm["patch_probs"])
 
-    restored = TeacherCenter(256)
-    restored.load_state_dict(center.state_dict())
-    assert torch.equal(restored.center, center.center)
+    restored = Centering("ema", 256, 256)
+    restored.load_state_dict(centering.state_dict())
+    assert torch.equal(restored.cls.center, centering.cls.center)
+    assert torch.equal(restored.patch.center, centering.patch.center)
 
 
 def test_build_teacher_is_a_frozen_independent_copy():
@@ -193,6 +239,9 @@ def test_build_teacher_is_a_frozen_independent_copy():
     assert not any(p.requires_grad for p in teacher.parameters())
     assert not teacher.training
     assert {n for n, _ in teacher.named_parameters()} <= {n for n, _ in student.named_parameters()}
+    assert teacher.ibot_head is not None
+    teacher_names = [n for n, _ in teacher.named_parameters()]
+    assert not any(n.startswith(("mae_decoder.", "patch_predictor.")) for n in teacher_names)
     with torch.no_grad():
         student.backbone.cls_token.add_(1.0)
     assert not torch.equal(student.backbone.cls_token, teacher.backbone.cls_token)
@@ -220,51 +269,69 @@ def test_schedules():
     momentum = ema_momentum_schedule(0.994, 1.0, total_steps=100)
     assert momentum[0] == pytest.approx(0.994) and momentum[-1] == pytest.approx(1.0)
     assert (np.diff(momentum) >= 0).all()
-    both = objective_schedules(ObjectiveConfig(teacher_temp_warmup_steps=5), total_steps=3)
+    # A warmup longer than the run is clipped to it.
+    clipped = teacher_temp_schedule(0.04, 0.07, warmup_steps=5, total_steps=3)
+    assert clipped.shape == (3,) and (clipped < 0.07).all()
+    cfg = ObjectiveConfig(teacher_temp_warmup_fraction=1.0)
+    both = objective_schedules(cfg, total_steps=3)
     assert both["teacher_temp"].shape == both["ema_momentum"].shape == (3,)
+    assert both["ema_momentum"][0] == pytest.approx(ema_momentum_start(cfg, 3))
+    assert both["ema_momentum"][-1] == pytest.approx(cfg.ema_momentum_end)
 
 
-def test_objective_decreases_on_a_fixed_batch():
+@pytest.mark.parametrize("kind", ["ema", "sinkhorn_knopp"])
+def test_objective_decreases_on_a_fixed_batch(kind: str):
     # LayerScale 1 instead of the reference 1e-4 lets the untrained CLS token see the image, so the
-    # centred teacher is not uniform and the distillation term has something to fit in 40 steps.
+    # centred teacher is not uniform and the distillation terms have something to fit in 40 steps.
     student = make_student(backbone_overrides={"layer_scale_init": 1.0})
     teacher = build_teacher(student)
     batch = make_batch()
-    # Start the centre at the teacher's mean logits, skipping DINO's zero-centre start-up transient,
-    # and keep the teacher temperature fixed so the teacher's entropy moves only by EMA drift.
-    center = TeacherCenter(256)
-    _, batch_center = teacher_output(teacher, batch["global_crops"], center, 1.0)
-    center.load_state_dict({"center": batch_center.view(1, -1)})
+    crops, masks = batch["global_crops"], batch["mask_idx"]
+    centering = Centering(kind, 256, 256, momentum=0.9)
+    if kind == "ema":
+        # Start the centres at the teacher's mean logits, skipping DINO's zero-centre start-up
+        # transient.
+        with torch.no_grad():
+            cls_logits, patch_logits = teacher(torch.cat(crops), torch.cat(masks))
+        centering.load_state_dict({"cls.center": cls_logits.mean(0, keepdim=True),
+                                   "patch.center": patch_logits.flatten(0, 1).mean(0, keepdim=True)})
+    # The teacher temperature stays fixed so the teacher's entropy moves only by EMA drift.
     steps = 40
     momenta = ema_momentum_schedule(0.99, 0.999, steps)
     optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=0.05)
     history = []
     for step in range(steps):
-        probs, batch_center = teacher_output(teacher, batch["global_crops"], center, 0.04)
-        losses = student(batch["global_crops"], batch["local_crops"], batch["keep_idx"],
-                         batch["mask_idx"], probs)
+        targets = teacher_output(teacher, crops, masks, centering, 0.04)
+        losses = student(crops, batch["local_crops"], batch["keep_idx"], masks, targets)
         optimizer.zero_grad()
         losses["loss"].backward()
         optimizer.step()
         ema_update(teacher, student, momenta[step])
-        center.update(batch_center)
-        teacher_probs = torch.cat(probs)
-        entropy = -(teacher_probs * teacher_probs.clamp_min(1e-12).log()).sum(-1).mean()
+        centering.update()
         record = {k: v.item() for k, v in losses.items()}
-        record["kl"] = record["loss_cl"] - entropy.item()  # cross-entropy minus its floor
+        # Cross-entropy minus its floor, the targets' entropy: the part the student can fit.
+        record["kl"] = record["loss_cl"] - record["teacher_entropy"]
+        record["kl_ibot"] = record["loss_ibot"] - entropy(targets["patch_probs"].flatten(0, 1)).item()
         history.append(record)
     first, last = history[0], history[-1]
     assert all(np.isfinite(list(h.values())).all() for h in history)
-    assert last["loss"] < 0.8 * first["loss"]
+    assert not any(losses[key].requires_grad for key in MONITOR_KEYS)
+    assert last["loss"] < 0.9 * first["loss"]
     assert last["loss_mae"] < 0.8 * first["loss_mae"]
     assert last["kl"] < 0.2 * first["kl"]
+    assert last["loss_ibot"] < 0.9 * first["loss_ibot"]
+    assert last["kl_ibot"] < 0.6 * first["kl_ibot"]
 
 
 def test_forward_rejects_mismatched_view_lists():
     student = make_student()
     batch = make_batch()
     with pytest.raises(ValueError, match="one entry per global crop"):
-        student(batch["global_crops"], [], batch["keep_idx"][:1], batch["mask_idx"], [None, None])
+        student(batch["global_crops"], [], batch["keep_idx"][:1], batch["mask_idx"],
+                {"cls_probs": [None, None], "patch_probs": None})
+    with pytest.raises(ValueError, match="one entry per global crop"):
+        student(batch["global_crops"], [], batch["keep_idx"], batch["mask_idx"],
+                {"cls_probs": [None], "patch_probs": None})
 
 
 ZERO3_SCRIPT = textwrap.dedent(
@@ -272,7 +339,7 @@ ZERO3_SCRIPT = textwrap.dedent(
     import torch, deepspeed
     from sapiens2.model import build_backbone
     from sapiens2.pretrain.config import ObjectiveConfig
-    from sapiens2.pretrain.dino import TeacherCenter
+    from sapiens2.pretrain.centering import Centering
     from sapiens2.pretrain.meta_arch import (
         PretrainStudent, build_teacher, ema_update, teacher_output)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -285,9 +352,10 @@ ZERO3_SCRIPT = textwrap.dedent(
     local = [torch.randn(2, 3, 16, 16)]
     keep = [torch.tensor([[0], [2]]), torch.tensor([[3], [1]])]
     masked = [torch.tensor([[1, 2, 3], [0, 1, 3]]), torch.tensor([[0, 1, 2], [0, 2, 3]])]
-    probs, _ = teacher_output(teacher, crops, TeacherCenter(64), 0.04)
+    targets = teacher_output(teacher, crops, masked, Centering("sinkhorn_knopp", 64, 64), 0.04)
+    assert targets["patch_probs"].shape == (4, 3, 64)
     with torch.no_grad():
-        expected = student(crops, local, keep, masked, probs)
+        expected = student(crops, local, keep, masked, targets)
     reference = {n: p.detach().clone() for n, p in student.named_parameters()}
     with torch.no_grad():
         for p in teacher.parameters():
@@ -298,10 +366,11 @@ ZERO3_SCRIPT = textwrap.dedent(
                 "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})
     assert engine.module.backbone.cls_token.numel() == 0, "student should be partitioned"
     with torch.no_grad():
-        got = engine(crops, local, keep, masked, probs)
-    for key in ("loss", "loss_mae", "loss_cl"):
+        got = engine(crops, local, keep, masked, targets)
+    for key in ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo", "cls_std"):
         torch.testing.assert_close(got[key], expected[key], msg=key)
     ema_update(teacher, engine.module, momentum=0.5)
+    assert any(name.startswith("ibot_head.") for name, _ in teacher.named_parameters())
     for name, p in teacher.named_parameters():
         torch.testing.assert_close(p, 0.5 * reference[name], msg=name)
     print("ZERO3_OK")

@@ -92,7 +92,7 @@ def test_task_names_and_registry_errors():
         "pose": ("AP", True),
         "seg": ("mIoU", True),
         "normal": ("angular_error_mean", False),
-        "pointmap": ("l2_mean", False),
+        "pointmap": ("canonical_l2_mean", False),
         "albedo": ("psnr", True),
     }
 
@@ -107,7 +107,10 @@ def test_head_output_shapes(name, scale, embed_dim, reference_heads):
     )
     h, w = 2, 3
     with torch.no_grad():
-        out = head(torch.randn(2, embed_dim, h, w))
+        # The tiny dense heads refine with the input image (`ImageGuidance`); the others ignore it.
+        image = torch.randn(2, 3, 16 * h, 16 * w)
+        out = head(torch.randn(2, embed_dim, h, w), image) if getattr(head, "takes_image", False) else head(
+            torch.randn(2, embed_dim, h, w))
     expected = {"pose": (2, 17, 4 * h, 4 * w), "seg": (2, 29, 16 * h, 16 * w)}
     if name == "pointmap":
         assert out["pointmap"].shape == out["canonical"].shape == (2, 3, 16 * h, 16 * w)

@@ -45,10 +45,33 @@ def test_metric_on_known_offsets():
     r = metric.compute()
     dist = np.array([0.03, 0.08, 0.15, 0.3])
     assert r["l2_mean"] == pytest.approx(dist.mean())
+    # The canonical map is compared at s_gt: the metric error scaled by s_gt, plus the error of
+    # the predicted (metric x (s_gt + 0.1)) against the truth (metric x s_gt) at each pixel.
+    points = batch["pointmap"][0, :, 0, :4].T.double()
+    canonical_error = (pred[0, :, 0, :4].T.double() * (s_gt + 0.1) - points * s_gt).norm(dim=1)
+    assert r["canonical_l2_mean"] == pytest.approx(canonical_error.mean().item())
     assert r["rmse"] == pytest.approx(np.sqrt((dist**2).mean()))
     assert (r["mae_x"], r["mae_y"], r["mae_z"]) == pytest.approx((0.12 / 4, 0.08 / 4, 0.42 / 4))
     assert (r["within_5cm"], r["within_10cm"], r["within_20cm"]) == (0.25, 0.5, 0.75)
     assert r["scale_mae"] == pytest.approx(0.1, abs=1e-6)
+    assert r["scale_rel_error"] == pytest.approx(0.1 / (W / 12.0), rel=1e-6)
+
+
+def test_canonical_error_ignores_the_scale_the_image_cannot_tell():
+    """A right canonical map with a wrong scale has zero canonical error, only scale error."""
+    batch = plane_batch(b=2)
+    s_gt = W / batch["K"][:, 0, 0]
+    canonical = batch["pointmap"] * s_gt[:, None, None, None]
+    wrong_scale = s_gt * torch.tensor([2.0, 0.5])
+    pred = {"pointmap": canonical / wrong_scale[:, None, None, None], "canonical": canonical, "scale": wrong_scale}
+    metric = get_task("pointmap").metric()
+    metric.update(pred, batch)
+    r = metric.compute()
+    assert r["canonical_l2_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert r["scale_rel_error"] == pytest.approx((1.0 + 0.5) / 2)
+    assert r["l2_mean"] > 0.5 and r["within_20cm"] < 1.0
+    task = get_task("pointmap")
+    assert (task.primary_metric, task.higher_is_better) == ("canonical_l2_mean", False)
 
 
 def test_merge_of_two_halves_equals_the_whole_and_perfect_is_zero():
@@ -67,6 +90,7 @@ def test_merge_of_two_halves_equals_the_whole_and_perfect_is_zero():
     perfect.update(prediction_for(batch["pointmap"], torch.full((4,), W / 12.0)), batch)
     r = perfect.compute()
     assert r["l2_mean"] == pytest.approx(0.0, abs=1e-6) and r["within_5cm"] == 1.0
+    assert r["canonical_l2_mean"] == pytest.approx(0.0, abs=1e-6) and r["scale_rel_error"] < 1e-6
     assert r["derived_normal_angular_error_mean"] < 0.05 and r["scale_mae"] < 1e-6
 
 

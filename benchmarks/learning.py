@@ -1,0 +1,128 @@
+"""Does pretraining help? Pretrain once, then fine-tune every task from the pretrained backbone
+and from scratch at several label fractions, with a larger budget than the demo.
+
+Runs the platform's own steps (the `sapiens2` CLI verbs under DeepSpeed) in a work folder:
+synthetic pool -> curation -> pretraining -> for each label fraction, five fine-tunes from the
+pretrained backbone and five from the random init -> evaluation against the trivial baselines.
+Prints one JSON object: every metric of every model, the trivial baselines, the probes of the
+pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
+`learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
+into the work folder. The defaults take about 45 minutes on an idle 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
+
+
+def _run(args: list[str], env: dict, log: Path, gate: bool = False) -> float:
+    """Run one CLI verb, its output into `log`; returns the seconds it took. For `gate` verbs
+    (evaluate) exit status 1 means a model failed its gate, which is a result, not an error."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, cwd=ROOT,
+                              stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode not in ((0, 1) if gate else (0,)):
+        raise SystemExit(f"{' '.join(args[:2])} failed; see {log}")
+    return time.perf_counter() - start
+
+
+def _params(work: Path, args: argparse.Namespace) -> Path:
+    """params.yaml of this benchmark: the demo recipe with the larger pool and budget."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["synth"]["n_people"] = args.people
+    params["pretrain"]["steps"] = args.pretrain_steps
+    params["finetune"]["steps"] = args.finetune_steps
+    params["finetune"]["task_steps"] = {"pose": args.pose_steps}
+    params["finetune"]["checkpoint"]["every_n_steps"] = max(args.pose_steps, args.finetune_steps)
+    path = work / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    # `sapiens2 curate --config` takes the curation section alone.
+    (work / "curation.yaml").write_text(yaml.safe_dump(params["curation"]))
+    return path
+
+
+def _curves_png(work: Path, fractions: list[float], path: Path) -> Path:
+    fig, axes = plt.subplots(len(fractions) + 1, len(TASKS), figsize=(4 * len(TASKS), 3 * (len(fractions) + 1)),
+                             squeeze=False)
+    pretrain = json.loads((work / "models" / "pretrain" / "history.json").read_text())
+    for ax, key in zip(axes[0], ("loss_mae", "loss_cl", "loss_ibot", "teacher_entropy", "cls_std")):
+        ax.plot(pretrain[key], lw=1)
+        ax.set_title(f"pretraining: {key}")
+    for row, fraction in enumerate(fractions, start=1):
+        for ax, task in zip(axes[row], TASKS):
+            for init, style in (("pretrained", "-"), ("scratch", "--")):
+                history = json.loads((work / f"labels_{fraction:g}" / init / task / "history.json").read_text())
+                ax.plot(history["loss"], style, lw=1, label=init)
+            ax.set_title(f"{task}, {fraction:.0%} labels")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learning")
+    parser.add_argument("--people", type=int, default=1600, help="person renders in the pretraining pool")
+    parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--finetune-steps", type=int, default=250)
+    parser.add_argument("--pose-steps", type=int, default=500)
+    parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
+    args = parser.parse_args()
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    params = _params(work, args)
+    env = {**os.environ, "SAPIENS2_WORKSPACE": str(work), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
+    curated, pretrained = work / "data" / "curated", work / "models" / "pretrain"
+    config = ["--config", str(params)]
+    seconds = {
+        "synth": _run(["synth", "--output", str(work / "data" / "raw"), *config], env, work / "synth.log"),
+        "curate": _run(["curate", "--input", str(work / "data" / "raw"), "--output", str(curated), "--config",
+                        str(work / "curation.yaml")], env, work / "curate.log"),
+        "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
+                         work / "pretrain.log"),
+    }
+    results: dict = {"settings": vars(args) | {"work": str(work)}, "seconds": seconds}
+    for fraction in args.label_fractions:
+        run = work / f"labels_{fraction:g}"
+        label = ["--set", f"finetune.label_fraction={fraction}"]
+        for task in TASKS:
+            for init, start in (("pretrained", ["--backbone", str(pretrained)]), ("scratch", ["--from-scratch"])):
+                out = run / init / task
+                seconds[f"{fraction:g}/{init}/{task}"] = _run(
+                    ["finetune", "--task", task, "--curated", str(curated), *start, "--output", str(out), *config, *label],
+                    env, run / f"{init}_{task}.log")
+        seconds[f"{fraction:g}/evaluate"] = _run(
+            ["evaluate", "--curated", str(curated), "--models", str(run / "pretrained"), "--scratch-models",
+             str(run / "scratch"), "--output", str(run / "eval"), *config], env, run / "evaluate.log", gate=True)
+        results[f"labels_{fraction:g}"] = json.loads((run / "eval" / "metrics.json").read_text())["tasks"]
+    pretrain_summary = json.loads((pretrained / "backbone.json").read_text())
+    results["pretraining"] = {k: v for k, v in pretrain_summary.items() if k != "image_size"}
+    results["learning_curves"] = str(_curves_png(work, args.label_fractions, work / "learning_curves.png"))
+    results["total_seconds"] = sum(seconds.values())
+    print(json.dumps(results, default=float))
+
+
+if __name__ == "__main__":
+    main()
