@@ -256,7 +256,12 @@ class PointmapHead(nn.Module):
     def __init__(self, in_channels: int, scale: str) -> None:
         super().__init__()
         widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, in_channels, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
-        self.decoder = PixelShuffleDecoder(in_channels, widths, 3, image_guidance=scale in GUIDED_SCALES)
+        guided = scale in GUIDED_SCALES
+        # InstanceNorm removes each image's per-channel mean, and with it the per-image depth
+        # offset the canonical map needs; the narrow guided decoder has no other path for it, so
+        # it normalises over channels per pixel (the albedo head's RMSNorm) instead.
+        self.decoder = PixelShuffleDecoder(in_channels, widths, 3, norm="rms" if guided else "instance",
+                                           image_guidance=guided)
         self.scale_branch = ScaleBranch(in_channels, SCALE_BRANCH_WIDTHS[scale])
 
     @property
