@@ -113,8 +113,9 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
 def gated_out(report: dict) -> dict[str, str]:
     """Tasks of an evaluation report that failed their gate, with the gate's reason: the gate
     blocks each task on its own, so one model that learned nothing holds back only itself."""
+    # A report written before the gate carries no verdict: its tasks are registered as before.
     return {t["task"]: t.get("gate", {}).get("reason", "did not beat its baseline")
-            for t in report["tasks"] if not t["beats_baseline"]}
+            for t in report["tasks"] if not t.get("beats_baseline", True)}
 
 
 def register_all(config: PlatformConfig, report: dict, models_root: Path, model_md5: dict[str, str],

@@ -46,6 +46,17 @@ SMALL_RECIPE = {
 }
 
 
+@pytest.fixture
+def one_thread():
+    """Debug-size models are many small ops: intra-op threads only add contention on 2 cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def nested(overrides: dict) -> dict:
     out: dict = {}
     for dotted, value in overrides.items():

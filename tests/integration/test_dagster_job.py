@@ -24,8 +24,9 @@ def test_definitions_load_with_grouped_assets_and_jobs() -> None:
     dg.Definitions.validate_loadable(defs)
     groups = {key.to_user_string(): spec.group_name for key, spec in
               ((s.key, s) for a in ALL_ASSETS for s in a.specs)}
-    assert set(groups.values()) == {"curation", "pretraining", "finetuning", "evaluation", "registry"}
+    assert set(groups.values()) == {"curation", "pretraining", "finetuning", "controls", "evaluation", "registry"}
     assert sum(1 for g in groups.values() if g == "finetuning") == 5
+    assert sorted(k for k, g in groups.items() if g == "controls") == sorted(f"scratch_{t}" for t in TASK_NAMES)
     assert defs.resolve_job_def("end_to_end") and defs.resolve_job_def("promote") and defs.resolve_job_def("rollback")
 
 

@@ -32,7 +32,9 @@ PRETRAIN = [f"{k}={v}" for k, v in SMALL_RECIPE.items() if k.startswith("pretrai
     f"pretrain.steps={PRETRAIN_STEPS}", "pretrain.deepspeed.world_size=1", "pretrain.checkpoint.every_n_steps=1000",
 ]
 FINETUNE = [f"{k}={v}" for k, v in SMALL_RECIPE.items() if k.startswith("finetune.") and "task_steps" not in k] + [
-    f"finetune.steps={FINETUNE_STEPS}", "finetune.optim.warmup_steps=5", "finetune.checkpoint.every_n_steps=1000",
+    # task_steps={}: the demo recipe's per-task step counts must not stretch this run.
+    f"finetune.steps={FINETUNE_STEPS}", "finetune.task_steps={}", "finetune.optim.warmup_steps=5",
+    "finetune.checkpoint.every_n_steps=1000",
     f"pretrain.arch={SMALL_RECIPE['pretrain.arch']}",
 ]
 

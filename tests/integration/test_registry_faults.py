@@ -119,3 +119,25 @@ def _reused(result: dg.ExecuteInProcessResult) -> list[str]:
     """The `reused` column of the asset's `versions` metadata table (markdown)."""
     table = result.get_asset_materialization_events()[0].materialization.metadata["versions"].value
     return [line.split("|")[3].strip() for line in table.splitlines()[2:]]
+
+
+@pytest.mark.slow
+def test_a_task_that_failed_its_gate_is_not_registered(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines import tracking
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    path = workspace / "reports" / "eval" / "metrics.json"
+    report = json.loads(path.read_text())
+    reason = "psnr=14 does not beat trivial:input_image 15 by the margin 0.5"
+    report["tasks"][1] |= {"beats_baseline": False, "gate": {"passed": False, "reason": reason}}
+    path.write_text(json.dumps(report))
+
+    result = dg.materialize([registered_models], resources=RESOURCES, raise_on_error=False)
+    assert result.success  # the gate holds back albedo alone
+    metadata = result.get_asset_materialization_events()[0].materialization.metadata
+    assert metadata["gated_out"].value == "albedo"
+    assert reason in metadata["versions"].value
+    uri = tracking.tracking_uri_for(workspace)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert [str(v) for v in _versions(client, "sapiens2-seg")] == ["1"]
+    assert not client.search_registered_models(filter_string="name = 'sapiens2-albedo'")

@@ -35,13 +35,7 @@ SMALL = dict(dino_out_dim=64, ibot_out_dim=32, dino_hidden_dim=32, dino_bottlene
              decoder_dim=32, decoder_depth=1, decoder_heads=2)
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Debug-size tensors gain nothing from intra-op threads on a busy 2-core runner."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cosine_logits(n: int, k: int, seed: int = 0) -> torch.Tensor:

@@ -28,12 +28,7 @@ GUIDED_TASKS = ("seg", "normal", "albedo", "pointmap")
 OUT_CHANNELS = {"seg": 29, "normal": 3, "albedo": 3}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

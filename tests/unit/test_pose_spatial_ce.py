@@ -18,12 +18,7 @@ HH, HW = H // 4, W // 4
 SIGMA = 2.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def udp_cells(keypoints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,12 +17,7 @@ from tests.unit.test_person_crop import write_curated
 H, W = 128, 96
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def debug_config(**overrides):
