@@ -27,6 +27,12 @@ TASK_NAMES = ("pose", "seg", "normal", "pointmap", "albedo")
 PRETRAIN_MICRO_BATCH = 8
 
 
+def _check_task_names(per_task: dict[str, Any]) -> None:
+    unknown = sorted(set(per_task) - set(TASK_NAMES))
+    if unknown:
+        raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -148,9 +154,7 @@ class FinetuneConfig(_TrainingSection):
     @field_validator("task_steps")
     @classmethod
     def _known_tasks(cls, task_steps: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(task_steps) - set(TASK_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
+        _check_task_names(task_steps)
         if any(steps < 1 for steps in task_steps.values()):
             raise ValueError(f"step counts must be >= 1, got {task_steps}")
         return task_steps
@@ -184,9 +188,7 @@ class EvaluateConfig(_Section):
     @field_validator("gate_margin")
     @classmethod
     def _margins_for_tasks(cls, margins: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(margins) - set(TASK_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
+        _check_task_names(margins)
         negative = {task: m for task, m in margins.items() if m < 0}
         if negative:
             raise ValueError(f"margins must be >= 0 (a margin is an improvement), got {negative}")

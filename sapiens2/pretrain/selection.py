@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from sapiens2.data.dataset import CuratedDataset, collate
@@ -19,12 +20,28 @@ PROBE_TASKS = ("pose", "seg")  # keypoints give the viewpoint, seg the body part
 DEFAULT_EXPORT = "teacher"  # without labelled images to probe with: DINO's choice
 
 
-def probe_batches(curated_dir: Path, split: str, image_size: tuple[int, int], batch_size: int = 32,
-                  part: slice = slice(None)) -> list[dict]:
-    """The labelled images of a split (or the `part` of them) as collated batches, unflipped."""
+def probe_batches(curated_dir: Path, split: str, image_size: tuple[int, int], batch_size: int = 32) -> list[dict]:
+    """The labelled images of a split as collated batches, unflipped."""
     data = CuratedDataset(curated_dir, split, *image_size, tasks=PROBE_TASKS, hflip_prob=0.0)
-    index = list(range(len(data)))[part]
-    return [collate([data[i] for i in index[s:s + batch_size]]) for s in range(0, len(index), batch_size)]
+    return [collate([data[i] for i in range(s, min(s + batch_size, len(data)))])
+            for s in range(0, len(data), batch_size)]
+
+
+def interleaved_halves(batches: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Every other image of `batches` and the rest, as two lists of single-batch lists: both
+    halves see every kind of image, and no image is decoded again."""
+    halves: tuple[list[dict], list[dict]] = ([], [])
+    for parity, half in enumerate(halves):
+        picked = {k: (v[parity::2] if isinstance(v, (torch.Tensor, list)) else v)
+                  for k, v in _concat(batches).items()}
+        if len(picked["id"]):
+            half.append(picked)
+    return halves
+
+
+def _concat(batches: list[dict]) -> dict:
+    return {k: (torch.cat([b[k] for b in batches]) if isinstance(batches[0][k], torch.Tensor)
+                else [x for b in batches for x in b[k]]) for k in batches[0]}
 
 
 def selection_score(probes: dict[str, float]) -> float:
@@ -43,12 +60,10 @@ def probe_and_choose(candidates: dict[str, nn.Module], random_backbone: nn.Modul
     try:
         train = probe_batches(curated_dir, "train", image_size)
         val = probe_batches(curated_dir, "val", image_size)
-        # Every other train image as k-NN memory, the rest as queries: both halves see every kind.
-        memory = probe_batches(curated_dir, "train", image_size, part=slice(0, None, 2))
-        queries = probe_batches(curated_dir, "train", image_size, part=slice(1, None, 2))
     except ValueError:
         # An unlabelled pool (a raw S3 prefix, a test folder) has nothing to probe with.
         return DEFAULT_EXPORT, {}
+    memory, queries = interleaved_halves(train)
     if not queries:
         return DEFAULT_EXPORT, {}
     results: dict[str, dict[str, float]] = {}
