@@ -48,8 +48,8 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
     params["synth"]["n_people"] = args.people
     params["pretrain"]["steps"] = args.pretrain_steps
     params["finetune"]["steps"] = args.finetune_steps
-    params["finetune"]["task_steps"] = {"pose": args.pose_steps}
-    params["finetune"]["checkpoint"]["every_n_steps"] = max(args.pose_steps, args.finetune_steps)
+    params["finetune"]["task_steps"] = {"pose": args.pose_steps, "seg": args.seg_steps}
+    params["finetune"]["checkpoint"]["every_n_steps"] = max(args.pose_steps, args.seg_steps, args.finetune_steps)
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     # `sapiens2 curate --config` takes the curation section alone.
@@ -85,9 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learning")
     parser.add_argument("--people", type=int, default=1600, help="person renders in the pretraining pool")
-    parser.add_argument("--pretrain-steps", type=int, default=300)
-    parser.add_argument("--finetune-steps", type=int, default=200)
-    parser.add_argument("--pose-steps", type=int, default=400)
+    parser.add_argument("--pretrain-steps", type=int, default=400)
+    parser.add_argument("--finetune-steps", type=int, default=200, help="normal, pointmap, albedo")
+    parser.add_argument("--seg-steps", type=int, default=250)
+    parser.add_argument("--pose-steps", type=int, default=300)
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
     args = parser.parse_args()
     work = args.work.resolve()
