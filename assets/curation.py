@@ -1,18 +1,11 @@
 """Curation group: raw pool -> curated dataset -> great-expectations gate -> DVC-versioned dataset."""
 
-
-import shutil
-
 import dagster as dg
 import pandas as pd
 
 from assets import metadata
 from assets.resources import DvcResource, PlatformResource
-from pipelines.curate import (config_fingerprint, filter_pool, filter_shard, merge_shards, score_path,
-                              shard_is_filtered, workers)
-from pipelines.dataset_stats import build_label_manifests
-from pipelines.lineage import Lineage, RankZeroTracker
-from pipelines.plots import curation_scores_png
+from pipelines.curate import config_fingerprint, curate_step, filter_shard, score_path, shard_is_filtered, workers
 from pipelines.synth import build_raw_pool
 from pipelines.validate import validate_curated
 from sapiens2.curation.pool import INDEX, PoolShards, open_pool, shard_pool
@@ -95,41 +88,29 @@ def curated_dataset(context: dg.AssetExecutionContext, platform: PlatformResourc
     """Filter the shards `shard_scores` has not (size, quality, text, person), then dedup,
     balance and split over all of them; a killed run resumes at the first unfinished shard."""
     ws, config = platform.ws, platform.config
-    # Brought up to date again (a no-op when pool_shards ran on this pool), so a raw pool changed
-    # since is never curated from a stale index.
-    pool = shard_pool(ws.raw_dir, ws.curation_work_dir / "shards", config.curation.shard_size)
+    run = curate_step(ws.raw_dir, ws.curated_dir, config.curation, ws.curation_work_dir, context.run.run_id)
+    pool, summary, scores = open_pool(ws.curation_work_dir / "shards"), run.summary, ws.curation_work_dir / "scores"
     register_new_shards(context.instance, pool)
-    scores = ws.curation_work_dir / "scores"
-    shutil.rmtree(ws.curated_dir, ignore_errors=True)
-    with workers(config.curation) as pool_of_workers:
-        filtered = filter_pool(pool, scores, config.curation, pool_of_workers)
-        summary = merge_shards(pool, scores, ws.raw_dir, ws.curated_dir, config.curation, pool_of_workers)
-    for shard in filtered:  # the partitions filtered here count as materialised, as if run on their own
+    for shard in summary.filtered_shards:  # the partitions filtered here count as materialised, as if run on their own
         context.log_event(dg.AssetMaterialization(asset_key=shard_scores.key, partition=shard,
                                                   metadata={**_shard_metadata(score_path(scores, shard)),
                                                             "filtered_by": "curated_dataset"}))
-    build_label_manifests(ws.curated_dir)
-    manifest = pd.read_parquet(ws.curated_dir / "manifest.parquet")
+    manifest = pd.read_parquet(summary.manifest_path)
     counts = manifest.fillna({"reason": "-"}).groupby(["status", "reason"]).size().reset_index(name="images")
-    plot = curation_scores_png(manifest, ws.curated_dir / "curation_scores.png")
     status = manifest["status"].value_counts().to_dict()
-    with RankZeroTracker(0, "curation", Lineage.from_env(ws.raw_dir, dagster_run_id=context.run.run_id), config.curation.model_dump(mode="json")) as tracker:
-        tracker.log_metrics({f"images_{k}": float(v) for k, v in status.items()}, 0)
-        tracker.log_artifacts([plot, ws.curated_dir / "manifest.parquet", summary.report_path])
-        tracker.log_artifacts(sorted((summary.report_path.parent / "report").glob("*.png")), artifact_path="report")
     return dg.MaterializeResult(metadata={
         "inputs": len(manifest),
         **{k: int(v) for k, v in status.items()},
         "train": int((manifest["split"] == "train").sum()),
         "val": int((manifest["split"] == "val").sum()),
         "status_and_reason": metadata.table(counts),
-        "scores": metadata.image(plot, "curation scores"),
+        "scores": metadata.image(run.scores_plot, "curation scores"),
         "report": dg.MetadataValue.md(summary.report_path.read_text()),
         "report_path": dg.MetadataValue.path(str(summary.report_path)),
         "stage_seconds": dg.MetadataValue.json(summary.stage_seconds),
         "shards": len(pool.names),
-        "shards_filtered_here": len(filtered),
-        "mlflow_run_id": tracker.run_id or "",
+        "shards_filtered_here": len(summary.filtered_shards),
+        "mlflow_run_id": run.mlflow_run_id or "",
     })
 
 

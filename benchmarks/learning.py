@@ -52,8 +52,6 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
     params["finetune"]["checkpoint"]["every_n_steps"] = max(args.pose_steps, args.seg_steps, args.finetune_steps)
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
-    # `sapiens2 curate --config` takes the curation section alone.
-    (work / "curation.yaml").write_text(yaml.safe_dump(params["curation"]))
     return path
 
 
@@ -99,8 +97,8 @@ def main() -> None:
     config = ["--config", str(params)]
     seconds = {
         "synth": _run(["synth", "--output", str(work / "data" / "raw"), *config], env, work / "synth.log"),
-        "curate": _run(["curate", "--input", str(work / "data" / "raw"), "--output", str(curated), "--config",
-                        str(work / "curation.yaml")], env, work / "curate.log"),
+        "curate": _run(["curate", "--input", str(work / "data" / "raw"), "--output", str(curated), *config],
+                       env, work / "curate.log"),
         "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
                          work / "pretrain.log"),
     }

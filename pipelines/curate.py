@@ -46,6 +46,10 @@ from rich.table import Table
 from tqdm import tqdm
 
 import sapiens2.curation
+from pipelines.config import load_config
+from pipelines.dataset_stats import write_label_manifests
+from pipelines.lineage import Lineage, RankZeroTracker
+from pipelines.plots import curation_scores_png
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
@@ -74,6 +78,8 @@ class CurationSummary:
     # Seconds per step: per-image steps ("decode", each stage, "embed") summed over the workers'
     # batches, then the global "dedup", "balance", "write" and "report" passes.
     stage_seconds: dict[str, float] = field(default_factory=dict, compare=False)
+    # Shards this run filtered (the others already had valid score files).
+    filtered_shards: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def images_per_second(self) -> float:
@@ -343,21 +349,53 @@ def default_work_dir(output_dir: Path) -> Path:
     return output_dir.with_name(f"{output_dir.name}.work")
 
 
+def _check_output(input_dir: Path, output_dir: Path) -> None:
+    if output_dir == input_dir or input_dir.is_relative_to(output_dir / "images"):
+        raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
+
+
 def curate(input_dir: str | Path, output_dir: str | Path, config: CurationConfig = CurationConfig(),
            work_dir: str | Path | None = None) -> CurationSummary:
     """Shard the pool, filter every shard not yet filtered, then merge; see the module docstring."""
     start = time.perf_counter()
     input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
-    if output_dir == input_dir or input_dir.is_relative_to(output_dir / "images"):
-        raise ValueError(f"output_dir {output_dir} would overwrite the inputs in {input_dir}")
+    _check_output(input_dir, output_dir)
     work_dir = Path(work_dir) if work_dir is not None else default_work_dir(output_dir)
     pool = shard_pool(input_dir, work_dir / "shards", config.shard_size)
     sharding = time.perf_counter() - start
     with workers(config) as workers_pool:
-        filter_pool(pool, work_dir / "scores", config, workers_pool)
+        filtered = filter_pool(pool, work_dir / "scores", config, workers_pool)
         summary = merge_shards(pool, work_dir / "scores", input_dir, output_dir, config, workers_pool)
-    return dataclasses.replace(summary, seconds=time.perf_counter() - start,
+    return dataclasses.replace(summary, seconds=time.perf_counter() - start, filtered_shards=tuple(filtered),
                                stage_seconds={"shard": round(sharding, 4), **summary.stage_seconds})
+
+
+@dataclass(frozen=True)
+class CurationRun:
+    summary: CurationSummary
+    scores_plot: Path
+    mlflow_run_id: str | None
+
+
+def curate_step(input_dir: str | Path, output_dir: str | Path, config: CurationConfig,
+                work_dir: str | Path | None = None, dagster_run_id: str | None = None) -> CurationRun:
+    """The `curate` step as the CLI, `dvc repro` and Dagster run it: a fresh `output_dir` with
+    everything `curate` writes plus the per-task label statistics (`labels/<task>.parquet`) and
+    `curation_scores.png`, recorded as an MLflow run of `sapiens2/curation`. Nothing else writes
+    into the folder, so its DVC md5 does not depend on who ran the step."""
+    input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
+    _check_output(input_dir, output_dir)
+    shutil.rmtree(output_dir, ignore_errors=True)
+    summary = curate(input_dir, output_dir, config, work_dir)
+    write_label_manifests(output_dir)
+    manifest = pd.read_parquet(summary.manifest_path)
+    plot = curation_scores_png(manifest, output_dir / "curation_scores.png")
+    lineage = Lineage.from_env(input_dir, dagster_run_id=dagster_run_id)
+    with RankZeroTracker(0, "curation", lineage, config.model_dump(mode="json")) as tracker:
+        tracker.log_metrics({f"images_{k}": float(v) for k, v in summary.status_counts.items()}, 0)
+        tracker.log_artifacts([plot, summary.manifest_path, summary.report_path])
+        tracker.log_artifacts(sorted((output_dir / "report").glob("*.png")), artifact_path="report")
+    return CurationRun(summary, plot, tracker.run_id)
 
 
 def summary_table(summary: CurationSummary) -> Table:
@@ -376,14 +414,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sapiens2 curate", description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, type=Path, help="raw pool (with images/ and optional labels/)")
     parser.add_argument("--output", required=True, type=Path, help="curated dataset directory")
-    parser.add_argument("--config", type=Path, help="YAML file of CurationConfig fields")
+    parser.add_argument("--config", type=Path,
+                        help="platform params file (params.yaml): its curation section (default: built-in defaults)")
     parser.add_argument("--work", type=Path, help="shards and per-shard scores (default: <output>.work)")
     args = parser.parse_args(None if argv is None else list(argv))
     try:
-        config = CurationConfig.from_yaml(args.config) if args.config else CurationConfig()
+        config = load_config(args.config).curation if args.config else CurationConfig()
     except (OSError, ValueError) as err:
         parser.error(str(err))
-    summary = curate(args.input, args.output, config, args.work)
+    summary = curate_step(args.input, args.output, config, args.work).summary
     console = Console()
     console.print(summary_table(summary))
     console.print(f"{summary.images_per_second:.1f} images/s; manifest: {summary.manifest_path}; "

@@ -89,7 +89,7 @@ def build_label_manifests(curated_dir: str | Path) -> dict[str, pd.DataFrame]:
 
     Reads the kept rows of `manifest.parquet` and their `labels/<id>.npz`; image size comes
     from the manifest's width/height. Kept rows without a label file get no row (the count
-    suite reports them). Each table is also written as `labels/<task>.parquet`.
+    suite reports them).
     """
     curated_dir = Path(curated_dir)
     manifest = pd.read_parquet(curated_dir / "manifest.parquet")
@@ -105,10 +105,17 @@ def build_label_manifests(curated_dir: str | Path) -> dict[str, pd.DataFrame]:
                     rows[task].append({"id": str(rec.id), **stats})
         except (KeyError, ValueError, OSError) as exc:
             raise ValueError(f"unreadable label file {label_path}: {exc}") from exc
-    tables = {task: pd.DataFrame(rows[task]) for task in TASKS}
-    if (curated_dir / "labels").is_dir():
+    return {task: pd.DataFrame(rows[task]) for task in TASKS}
+
+
+def write_label_manifests(curated_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """`build_label_manifests`, each table also written as `labels/<task>.parquet` (the curation
+    step's output; validation only reads)."""
+    tables = build_label_manifests(curated_dir)
+    labels = Path(curated_dir) / "labels"
+    if labels.is_dir():
         for task, table in tables.items():
-            table.to_parquet(curated_dir / "labels" / f"{task}.parquet", index=False)
+            table.to_parquet(labels / f"{task}.parquet", index=False)
     return tables
 
 

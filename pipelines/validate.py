@@ -3,8 +3,9 @@
 Three kinds of table are validated:
 - the curation manifest (`manifest.parquet`, one row per input file),
 - a one-row count table tying the manifest to the files on disk (`build_counts`),
-- one per-image statistics table per task (`build_label_manifests`, written next to the labels
-  as `labels/<task>.parquet`); both builders live in `pipelines.dataset_stats`.
+- one per-image statistics table per task (`build_label_manifests`, recomputed from the label
+  files; the curation step writes the same tables as `labels/<task>.parquet`, validation writes
+  nothing into the dataset it checks); both builders live in `pipelines.dataset_stats`.
 
 `validate_curated` returns one `SuiteResult` per suite; the Dagster asset checks block on
 `success` and the failed expectations become check metadata and MLflow tags.

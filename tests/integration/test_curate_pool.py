@@ -134,15 +134,19 @@ def test_manifest_is_deterministic_across_runs_and_worker_counts(pool, curated, 
     assert again.status_counts == summary.status_counts and again.reason_counts == summary.reason_counts
 
 
-def test_cli_curates_with_a_yaml_config(pool, tmp_path, capsys):
+def test_cli_curates_with_the_curation_section_of_a_params_file(pool, tmp_path, capsys, monkeypatch):
     root, labels = pool
+    monkeypatch.setenv("SAPIENS2_WORKSPACE", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     small = tmp_path / "small"
     (small / "images").mkdir(parents=True)
     picked = labels.groupby("kind").head(2)
     for path in picked["path"]:
         shutil.copy(root / path, small / path)
-    config = tmp_path / "curation.yaml"
-    config.write_text("workers: 1\nval_fraction: 0.5\n")
+    config = tmp_path / "params.yaml"
+    config.write_text("curation:\n  workers: 1\n  val_fraction: 0.5\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "stale.txt").write_text("from an earlier run")
     assert main(["--input", str(small), "--output", str(tmp_path / "out"), "--config", str(config)]) == 0
     printed = capsys.readouterr().out
     manifest = pd.read_parquet(tmp_path / "out" / "manifest.parquet")
@@ -151,5 +155,13 @@ def test_cli_curates_with_a_yaml_config(pool, tmp_path, capsys):
         assert re.search(rf"{status}\W+{count}\b", printed), (status, count, printed)
     # The small pool has no labels/ folder, so nothing claims or copies labels.
     assert not manifest["has_labels"].any() and not (tmp_path / "out" / "labels").exists()
+    # The step owns its output folder: a fresh one, with the plot and an MLflow run of its own.
+    assert not (tmp_path / "out" / "stale.txt").exists()
+    assert (tmp_path / "out" / "curation_scores.png").is_file()
+    assert (tmp_path / "mlflow.db").is_file()
+    config.write_text("curation:\n  workers: 1\n  val_fractoin: 0.5\n")
+    with pytest.raises(SystemExit):
+        main(["--input", str(small), "--output", str(tmp_path / "out2"), "--config", str(config)])
+    assert "params.yaml" in capsys.readouterr().err and not (tmp_path / "out2").exists()
     with pytest.raises(ValueError, match="would overwrite"):
         curate(small, small, CurationConfig(workers=1))

@@ -112,12 +112,14 @@ def test_a_score_file_is_reused_only_for_the_same_files_and_config(pool: Path, t
 
 def test_a_killed_run_resumes_from_the_last_finished_shard(pool: Path, tmp_path: Path) -> None:
     config = CurationConfig(workers=1, shard_size=6)
-    config_file = tmp_path / "curation.yaml"
-    config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    config_file = tmp_path / "params.yaml"
+    config_file.write_text(yaml.safe_dump({"curation": config.model_dump(mode="json")}))
     out, work = tmp_path / "out", tmp_path / "work"
     cmd = [sys.executable, "-m", "pipelines.curate", "--input", str(pool), "--output", str(out),
            "--config", str(config_file), "--work", str(work)]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The step records an MLflow run: into this test's folder, not the project's.
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"SAPIENS2_WORKSPACE": str(tmp_path)}
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     scores = work / "scores"
     deadline = time.monotonic() + 300
     while len(list(scores.glob("pool-*.parquet"))) < 2:
@@ -131,7 +133,7 @@ def test_a_killed_run_resumes_from_the_last_finished_shard(pool: Path, tmp_path:
     assert 2 <= len(finished) < n_shards, f"killed after {len(finished)} of {n_shards} shards"
     assert not (out / "manifest.parquet").exists()
 
-    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True, env=env)
     assert f"resuming, {len(finished)} of {n_shards} shards already filtered" in resumed.stdout
     assert {name: (scores / name).stat().st_mtime_ns for name in finished} == finished  # not filtered again
     assert len(list(scores.glob("pool-*.parquet"))) == n_shards

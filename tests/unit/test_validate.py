@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.dataset_stats import TASKS, build_counts, build_label_manifests
+from pipelines.dataset_stats import TASKS, build_counts, build_label_manifests, write_label_manifests
 from pipelines.validate import SuiteResult, main, validate_curated
 
 H, W = 32, 24
@@ -76,10 +76,12 @@ def _failed_columns(result: SuiteResult) -> set[str | None]:
 def test_label_manifests_have_one_row_per_kept_image(curated) -> None:
     root, _, labels = curated
     tables = build_label_manifests(root)
+    assert not list((root / "labels").glob("*.parquet")), "building the tables writes nothing"
+    written = write_label_manifests(root)
     assert set(tables) == set(TASKS)
     for task, table in tables.items():
         assert sorted(table["id"]) == sorted(labels)
-        assert (root / "labels" / f"{task}.parquet").is_file()
+        pd.testing.assert_frame_equal(pd.read_parquet(root / "labels" / f"{task}.parquet"), written[task])
     assert (tables["pose"]["num_keypoints"] == 17).all()
     assert (tables["pose"]["num_out_of_bounds"] == 0).all()
     assert tables["pointmap"]["median_reprojection_px"].max() < 1e-3

@@ -1,0 +1,58 @@
+"""`dvc repro` runs the stages as `dvc.yaml` writes them, and a stage's output has the same DVC
+md5 whichever way it ran: the CLI verb under DVC or the Dagster asset (the steps own their
+outputs, the assets only call them and report)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import yaml
+
+from assets.curation import curated_dataset, pool_shards, raw_pool, versioned_dataset
+from assets.resources import DvcResource, PlatformResource
+from tests.conftest import SMALL_RECIPE, make_workspace
+
+RECIPE = {**SMALL_RECIPE, "synth.n_people": 16, "synth.workers": 1, "curation.workers": 1}
+BIN = Path(sys.executable).parent
+
+
+def _locked_md5(root: Path) -> dict[str, str]:
+    """Output path -> md5 as `dvc.lock` records it."""
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    return {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
+
+
+def _repro(root: Path, stage: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env |= {"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "SAPIENS2_WORKSPACE": str(root)}
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
+        subprocess.run(cmd, cwd=root, check=True, env=env)
+    return subprocess.run([str(BIN / "dvc"), "repro", stage], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_dvc_repro_curates_with_the_bytes_the_dagster_assets_write(tmp_path: Path, monkeypatch) -> None:
+    repro = make_workspace(tmp_path / "repro", RECIPE)
+    proc = _repro(repro, "curate")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    curated = repro / "data" / "curated"
+    assert (curated / "curation_scores.png").is_file()
+    assert sorted(p.name for p in (curated / "labels").glob("*.parquet")) == sorted(
+        f"{t}.parquet" for t in ("albedo", "normal", "pointmap", "pose", "seg"))
+    by_dvc = _locked_md5(repro)
+
+    dagster = make_workspace(tmp_path / "dagster", RECIPE)
+    monkeypatch.setenv("SAPIENS2_WORKSPACE", str(dagster))
+    monkeypatch.setenv("SAPIENS2_DVC_REMOTE", str(tmp_path / "dvc-remote"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = dg.materialize([raw_pool, pool_shards, curated_dataset, versioned_dataset],
+                         resources={"platform": PlatformResource(), "dvc": DvcResource()},
+                         instance=dg.DagsterInstance.ephemeral())
+    assert run.success
+    by_dagster = _locked_md5(dagster)
+    for out in ("data/raw", "data/curated"):
+        assert by_dagster[out] == by_dvc[out], out
