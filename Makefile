@@ -1,6 +1,6 @@
 # Two commands take a fresh clone to a finished run and to passing tests:
 #   make demo   - install, then materialise the whole Dagster graph on the embedded defaults
-#   make test   - install, then run the test suite
+#   make test   - install (and chromium, for the browser tests), then run the test suite
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,11 +27,18 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/sapiens2 demo
 
-test: install
+test: install browser
 	$(BIN)/pytest
 
 test-fast: install
 	$(BIN)/pytest -m "not slow"
+
+# The browser tests drive Debian's Chromium through Playwright (never a downloaded browser build).
+.PHONY: browser
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
 
 dagster: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev --host 127.0.0.1 --port 3000
