@@ -253,6 +253,35 @@ def _describe(err: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (PyYAML would keep the last)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in first_line:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {first_line[key]})", key_node.start_mark)
+        first_line[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in `path`; a syntax error or a duplicate key is a ValueError naming the
+    file, the line and the column."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ValueError(f"{where}: {err.problem}") from err
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PlatformConfig:
     """Read `path` (YAML) and apply dotted-key `overrides` such as {"pretrain.deepspeed.zero_stage": 3}.
 
@@ -261,7 +290,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     data: dict[str, Any] = {}
     source = str(path) if path is not None else "<defaults>"
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = read_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{source}: expected a mapping at the top level, got {type(loaded).__name__}")
         data = loaded or {}

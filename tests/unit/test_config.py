@@ -46,6 +46,20 @@ def test_unknown_field_is_rejected(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_a_duplicate_key_names_the_file_the_key_and_both_lines(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("pretrain:\n  steps: 10\n  seed: 1\n  steps: 20\n")
+    with pytest.raises(ValueError, match=r"params.yaml:4:3: duplicate key 'steps' \(first on line 2\)"):
+        load_config(path)
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text("finetune:\n  steps: 10\n bad: [1, 2\n")
+    with pytest.raises(ValueError, match=r"params.yaml:3:"):
+        load_config(path)
+
+
 def test_warmup_longer_than_run_is_rejected() -> None:
     with pytest.raises(ValueError, match="warmup_steps"):
         load_config(None, {"finetune.steps": 10, "finetune.optim.warmup_steps": 20})
