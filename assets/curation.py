@@ -7,7 +7,6 @@ from assets import metadata
 from assets.resources import DvcResource, PlatformResource
 from pipelines.curate import config_fingerprint, curate_step, filter_shard, score_path, shard_is_filtered, workers
 from pipelines.synth import build_raw_pool
-from pipelines.validate import validate_curated
 from sapiens2.curation.pool import INDEX, PoolShards, open_pool, shard_pool
 
 SUITES = ("curated_manifest", "curated_counts", "labels_pose", "labels_seg", "labels_normal", "labels_pointmap", "labels_albedo")
@@ -125,6 +124,8 @@ def curated_expectations(context: dg.AssetCheckExecutionContext, platform: Platf
     ws = platform.ws
     inputs = sum(1 for p in (ws.raw_dir / "images").iterdir() if p.is_file())
     num_keypoints = platform.config.task("pose").num_keypoints
+    from pipelines.validate import validate_curated  # great-expectations: ~4 s to import, loaded when the check runs
+
     for result in validate_curated(ws.curated_dir, input_count=inputs, num_keypoints=num_keypoints):
         failed = pd.DataFrame([
             {"expectation": f.expectation_type, "column": f.column or "", "observed": f.observed, "ids": ", ".join(f.ids[:5])}

@@ -15,7 +15,6 @@ from assets.resources import DvcResource, PlatformResource
 from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from pipelines import tracking
 from pipelines.config import TASK_NAMES
-from pipelines.evaluate import evaluate
 from pipelines.lineage import Lineage, dvc_hash
 from pipelines.promote import Production, Request, promote
 from pipelines.register import gated_out, register_all
@@ -28,6 +27,8 @@ def evaluation_report(context: dg.AssetExecutionContext, platform: PlatformResou
     (fitted on train) and its untrained head."""
     ws, config = platform.ws, platform.config
     lineage = Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id)
+    from pipelines.evaluate import evaluate  # the training stack (DeepSpeed): loaded when the asset runs
+
     report = evaluate(config, ws.curated_dir, ws.root / "models", ws.eval_dir, lineage, ws.scratch_root)
     md5 = dvc.commit(ws, "evaluate", ws.eval_dir)
     return dg.MaterializeResult(
