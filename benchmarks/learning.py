@@ -105,6 +105,7 @@ def main() -> None:
     results: dict = {"settings": vars(args) | {"work": str(work)}, "seconds": seconds}
     for fraction in args.label_fractions:
         run = work / f"labels_{fraction:g}"
+        run.mkdir(exist_ok=True)
         label = ["--set", f"finetune.label_fraction={fraction}"]
         for task in TASKS:
             for init, start in (("pretrained", ["--backbone", str(pretrained)]), ("scratch", ["--from-scratch"])):
