@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sapiens2.curation.config import CurationConfig
 from sapiens2.model.config import ARCHS
 from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.tasks.registry import TASK_NAMES  # noqa: F401 - one definition, re-exported for the steps
 from sapiens2.train.config import CheckpointSection, DeepSpeedSection, OptimSection
 
 if TYPE_CHECKING:
     from sapiens2.tasks import Task
 
-TASK_NAMES = ("pose", "seg", "normal", "pointmap", "albedo")
 PRETRAIN_MICRO_BATCH = 8
 
 
