@@ -7,7 +7,7 @@ from assets import metadata
 from assets.resources import DvcResource, PlatformResource
 from pipelines.curate import config_fingerprint, curate_step, filter_shard, score_path, shard_is_filtered, workers
 from pipelines.synth import build_raw_pool
-from sapiens2.curation.pool import INDEX, PoolShards, open_pool, shard_pool
+from sapiens2.curation.pool import INDEX, PoolShards, list_inputs, open_pool, shard_pool
 
 SUITES = ("curated_manifest", "curated_counts", "labels_pose", "labels_seg", "labels_normal", "labels_pointmap", "labels_albedo")
 TRANSIENT = dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL)
@@ -122,7 +122,7 @@ def curated_expectations(context: dg.AssetCheckExecutionContext, platform: Platf
 
     Blocking: a failed suite stops every downstream asset; its metadata names the expectations."""
     ws = platform.ws
-    inputs = sum(1 for p in (ws.raw_dir / "images").iterdir() if p.is_file())
+    inputs = len(list_inputs(ws.raw_dir))  # what curation read: nested folders in, hidden files out
     num_keypoints = platform.config.task("pose").num_keypoints
     from pipelines.validate import validate_curated  # great-expectations: ~4 s to import, loaded when the check runs
 

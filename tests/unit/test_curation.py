@@ -321,3 +321,37 @@ def test_score_fingerprint_covers_model_bytes_and_package_versions(tmp_path: Pat
     finally:
         monkeypatch.undo()
         curate._code_digest.cache_clear()
+
+
+def test_pools_refuse_links_and_special_files_before_reading_or_copying(tmp_path: Path) -> None:
+    import os
+
+    from pipelines.curate import fetch_raw_pool
+    from sapiens2.curation.pool import list_inputs
+
+    secret = tmp_path / "outside" / "secret.jpg"
+    secret.parent.mkdir()
+    secret.write_bytes(b"not pool data")
+    pool = tmp_path / "pool"
+    (pool / "images" / "nested").mkdir(parents=True)
+    (pool / "images" / "a.jpg").write_bytes(b"jpeg")
+    (pool / "images" / "nested" / "b.jpg").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"b\.jpg: a symbolic link .*secret\.jpg"):
+        list_inputs(pool)
+    dest = tmp_path / "raw"
+    dest.mkdir()
+    (dest / "kept.txt").write_text("the previous pool")
+    with pytest.raises(ValueError, match="symbolic link"):
+        fetch_raw_pool(str(pool), dest)
+    assert (dest / "kept.txt").is_file(), "a refused fetch leaves the previous pool in place"
+
+    (pool / "images" / "nested" / "b.jpg").unlink()
+    (pool / "images" / "linked_dir").symlink_to(secret.parent, target_is_directory=True)
+    with pytest.raises(ValueError, match="linked_dir: a symbolic link"):
+        list_inputs(pool)
+    (pool / "images" / "linked_dir").unlink()
+    os.mkfifo(pool / "images" / "c.jpg")
+    with pytest.raises(ValueError, match=r"c\.jpg: not a regular file"):
+        list_inputs(pool)
+    (pool / "images" / "c.jpg").unlink()
+    assert [p.name for p in list_inputs(pool)] == ["a.jpg"]
