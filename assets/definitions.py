@@ -19,6 +19,27 @@ ALL_ASSETS = [raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrai
 ALL_CHECKS = [curated_expectations, every_task_beats_baseline]
 
 K8S_WORKSPACE_CLAIM = "sapiens2-workspace"  # infra/k8s/storage.yaml: shared by every run and step pod
+# infra/k8s/network-policy.yaml admits only pods with this label to MLflow.
+K8S_MLFLOW_CLIENT_LABEL = {"sapiens2/mlflow-client": "true"}
+# What every container of the platform runs with (infra/k8s manifests, Helm values, step pods):
+# not root, no privilege escalation, no capabilities, a read-only root filesystem.
+K8S_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                          "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True, "runAsUser": 10001}
+
+
+def k8s_step_pods(tag_limits: list[dict]) -> dict:
+    """dagster-k8s executor settings of the step pods (the same volumes, labels and security as
+    the run pods of infra/k8s/dagster-values.yaml)."""
+    return {
+        "env_config_maps": ["sapiens2-services"], "env_secrets": ["sapiens2-s3"],
+        "volume_mounts": [{"name": "workspace", "mount_path": "/workspace"}, {"name": "tmp", "mount_path": "/tmp"}],
+        "volumes": [{"name": "workspace", "persistent_volume_claim": {"claim_name": K8S_WORKSPACE_CLAIM}},
+                    {"name": "tmp", "empty_dir": {}}],
+        "env_vars": ["HOME=/tmp"],  # caches of torch, DeepSpeed, DVC: the root filesystem is read-only
+        "labels": K8S_MLFLOW_CLIENT_LABEL,
+        "security_context": K8S_CONTAINER_SECURITY,
+        "tag_concurrency_limits": tag_limits,
+    }
 
 
 def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
@@ -32,12 +53,7 @@ def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
     if kind == "k8s":
         from dagster_k8s import k8s_job_executor
 
-        return k8s_job_executor.configured({
-            "env_config_maps": ["sapiens2-services"], "env_secrets": ["sapiens2-s3"],
-            "volume_mounts": [{"name": "workspace", "mount_path": "/workspace"}],
-            "volumes": [{"name": "workspace", "persistent_volume_claim": {"claim_name": K8S_WORKSPACE_CLAIM}}],
-            "tag_concurrency_limits": limits,
-        })
+        return k8s_job_executor.configured(k8s_step_pods(limits))
     raise ValueError(f"SAPIENS2_EXECUTOR={kind!r}: expected 'multiprocess' or 'k8s'")
 
 

@@ -50,7 +50,7 @@ def client(settings: ServiceSettings | None = None):
     return boto3.client(
         "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.region,
         aws_access_key_id=settings.access_key_id, aws_secret_access_key=settings.secret_access_key,
-        config=RETRIES,
+        aws_session_token=settings.session_token, config=RETRIES,
     )
 
 

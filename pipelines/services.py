@@ -43,6 +43,7 @@ class ServiceSettings:
     s3_endpoint_url: str | None
     access_key_id: str | None = field(default=None, repr=False)
     secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)  # temporary (STS) credentials
     mlflow_db_dsn: str | None = field(default=None, repr=False)
 
     @classmethod
@@ -64,6 +65,7 @@ class ServiceSettings:
             s3_endpoint_url=get("SAPIENS2_S3_ENDPOINT_URL"),
             access_key_id=get("AWS_ACCESS_KEY_ID"),
             secret_access_key=get("AWS_SECRET_ACCESS_KEY"),
+            session_token=get("AWS_SESSION_TOKEN"),
             mlflow_db_dsn=get("SAPIENS2_MLFLOW_DB_DSN"),
         )
 
@@ -92,6 +94,8 @@ class ServiceSettings:
         if self.access_key_id and self.secret_access_key:
             env.update({"AWS_ACCESS_KEY_ID": self.access_key_id,
                         "AWS_SECRET_ACCESS_KEY": self.secret_access_key})
+            if self.session_token:
+                env["AWS_SESSION_TOKEN"] = self.session_token
         return env
 
 

@@ -35,6 +35,12 @@ def objects(kustomization: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def secrets_example() -> list[dict]:
+    """The Secret shapes: created once outside kustomize (an apply -k would blank real values)."""
+    return [doc for doc in yaml.safe_load_all((K8S / "secrets.example.yaml").read_text()) if doc]
+
+
+@pytest.fixture(scope="module")
 def image(kustomization: dict) -> str:
     (entry,) = kustomization["images"]
     assert entry["newTag"] not in ("", "latest")
@@ -69,15 +75,17 @@ def test_generated_deepspeed_configs_are_current() -> None:
 
 def test_every_manifest_is_listed_and_parses(kustomization: dict, objects: list[dict]) -> None:
     listed = set(kustomization["resources"])
-    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "dagster-values.yaml"}
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "dagster-values.yaml", "secrets.example.yaml"}
     assert listed == present
+    assert not [o for o in objects if o["kind"] == "Secret"], "kustomize must not apply (and blank) the Secrets"
     assert all({"apiVersion", "kind", "metadata"} <= set(o) for o in objects)
     names = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert len(names) == len(set(names))
 
 
-def test_pods_reference_only_defined_images_secrets_configmaps_and_volumes(objects: list[dict], image: str) -> None:
-    secrets, configmaps = _defined(objects, "Secret"), _defined(objects, "ConfigMap")
+def test_pods_reference_only_defined_images_secrets_configmaps_and_volumes(
+        objects: list[dict], secrets_example: list[dict], image: str) -> None:
+    secrets, configmaps = _defined(secrets_example, "Secret"), _defined(objects, "ConfigMap")
     claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
     checked = 0
     for owner, spec in _pod_specs(objects):
@@ -106,7 +114,7 @@ def test_pods_reference_only_defined_images_secrets_configmaps_and_volumes(objec
                 assert mount["name"] in volumes, (owner, mount)
             checked += 1
     assert checked == 3  # mlflow, the training init container and trainer
-    assert all(v == "" for keys in secrets for v in _secret_values(objects, keys)), "secret values are committed"
+    assert all(v == "" for keys in secrets for v in _secret_values(secrets_example, keys)), "secret values are committed"
 
 
 def _secret_values(objects: list[dict], name: str) -> list[str]:
@@ -114,9 +122,9 @@ def _secret_values(objects: list[dict], name: str) -> list[str]:
     return list(obj.get("stringData", {}).values()) + list(obj.get("data", {}).values())
 
 
-def test_dagster_helm_values(objects: list[dict], image: str) -> None:
+def test_dagster_helm_values(objects: list[dict], secrets_example: list[dict], image: str) -> None:
     values = yaml.safe_load((K8S / "dagster-values.yaml").read_text())
-    secrets, configmaps = _defined(objects, "Secret"), _defined(objects, "ConfigMap")
+    secrets, configmaps = _defined(secrets_example, "Secret"), _defined(objects, "ConfigMap")
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     (deployment,) = values["dagster-user-deployments"]["deployments"]
@@ -197,7 +205,7 @@ def test_mlflow_deployment_uses_postgres_secret_and_the_bucket(objects: list[dic
     assert services["MLFLOW_TRACKING_URI"] == f"http://{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
 
 
-def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: list[dict]) -> None:
+def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: list[dict], secrets_example: list[dict]) -> None:
     """The ConfigMap selects dagster-k8s's executor; the definitions load with it unchanged, and
     the config maps and secrets it passes to step pods are the ones the manifests define."""
     services = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "sapiens2-services")
@@ -210,7 +218,7 @@ def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: l
              "print({name: job.executor_def.name for name, job in jobs.items()})")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "{'end_to_end': 'k8s', 'filter_shards': 'k8s'}"
-    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects + secrets_example}
     assert {("ConfigMap", "sapiens2-services"), ("Secret", "sapiens2-s3")} <= names
     # Run pods (Helm values) and step pods (the executor) share one workspace volume.
     from assets.definitions import K8S_WORKSPACE_CLAIM
@@ -219,10 +227,69 @@ def test_cluster_runs_the_same_definitions_on_the_kubernetes_executor(objects: l
     claim = next(o for o in objects if o["metadata"]["name"] == K8S_WORKSPACE_CLAIM)
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     run_pods = yaml.safe_load((K8S / "dagster-values.yaml").read_text())["runLauncher"]["config"]["k8sRunLauncher"]
-    (volume,) = run_pods["runK8sConfig"]["podSpecConfig"]["volumes"]
-    (mount,) = run_pods["runK8sConfig"]["containerConfig"]["volumeMounts"]
+    volume = next(v for v in run_pods["runK8sConfig"]["podSpecConfig"]["volumes"] if v["name"] == "workspace")
+    mount = next(m for m in run_pods["runK8sConfig"]["containerConfig"]["volumeMounts"] if m["name"] == "workspace")
     assert volume["persistentVolumeClaim"]["claimName"] == K8S_WORKSPACE_CLAIM
     assert mount["mountPath"] == services["data"]["SAPIENS2_WORKSPACE"] == "/workspace"
     bad = subprocess.run([sys.executable, "-c", "import assets.definitions"], capture_output=True, text=True,
                          env={**os.environ, "SAPIENS2_EXECUTOR": "slurm"})
     assert bad.returncode != 0 and "SAPIENS2_EXECUTOR='slurm'" in bad.stderr
+
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _bytes(quantity: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()
+    return int(number) * _UNITS.get(unit, 1)
+
+
+def _check_container_security(where: str, security: dict) -> None:
+    assert security.get("allowPrivilegeEscalation") is False, where
+    assert security.get("readOnlyRootFilesystem") is True, where
+    assert security.get("capabilities", {}).get("drop") == ["ALL"], where
+
+
+def test_every_pod_runs_unprivileged_with_bounded_resources(objects: list[dict]) -> None:
+    for owner, spec in _pod_specs(objects):
+        pod = spec.get("securityContext", {})
+        assert pod.get("runAsNonRoot") is True and pod.get("runAsUser", 0) > 0, owner
+        assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, owner
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            where = f"{owner}/{container['name']}"
+            _check_container_security(where, container.get("securityContext", {}))
+            requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+            assert {"cpu", "memory"} <= set(requests) and "memory" in limits, where
+            mounts = {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
+            assert "emptyDir" in mounts.get("/tmp", {}), f"{where}: a read-only root needs a writable /tmp"
+            in_memory = sum(_bytes(v["emptyDir"].get("sizeLimit", "0")) for v in mounts.values()
+                            if v.get("emptyDir", {}).get("medium") == "Memory")
+            assert in_memory < _bytes(limits["memory"]), f"{where}: /dev/shm must fit in the memory limit"
+
+    values = yaml.safe_load((K8S / "dagster-values.yaml").read_text())
+    run_pods = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]
+    _check_container_security("dagster run pods", run_pods["containerConfig"]["securityContext"])
+    assert run_pods["containerConfig"]["securityContext"]["runAsNonRoot"] is True
+    from assets.definitions import k8s_step_pods
+
+    _check_container_security("dagster step pods", k8s_step_pods([])["security_context"])
+
+
+def test_network_policies_deny_by_default_and_admit_only_mlflow_clients(objects: list[dict]) -> None:
+    from assets.definitions import K8S_MLFLOW_CLIENT_LABEL, k8s_step_pods
+
+    policies = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "NetworkPolicy"}
+    assert {"podSelector": {}, "policyTypes": ["Ingress"]} in policies.values(), "no default-deny policy"
+    mlflow = next(p for p in policies.values() if p["podSelector"].get("matchLabels") == {"app": "mlflow"})
+    (rule,) = mlflow["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": K8S_MLFLOW_CLIENT_LABEL}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 5000}]
+    job = next(o for o in objects if o["kind"] == "Job")
+    assert K8S_MLFLOW_CLIENT_LABEL.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    training = next(p for p in policies.values() if p["podSelector"].get("matchLabels") == {"job-name": job["metadata"]["name"]})
+    assert training["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"job-name": job["metadata"]["name"]}}}]}]
+    values = yaml.safe_load((K8S / "dagster-values.yaml").read_text())
+    run_pods = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]
+    assert run_pods["podTemplateSpecMetadata"]["labels"] == K8S_MLFLOW_CLIENT_LABEL
+    assert k8s_step_pods([])["labels"] == K8S_MLFLOW_CLIENT_LABEL

@@ -68,3 +68,18 @@ def test_git_commit(tmp_path: Path) -> None:
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert git_commit(tmp_path) == head and len(head) == 40
+
+
+def test_temporary_s3_credentials_keep_their_session_token(tmp_path, monkeypatch) -> None:
+    from pipelines.s3 import client
+    from pipelines.services import ServiceSettings, redact
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    settings_file = tmp_path / "stack.env"
+    settings_file.write_text("AWS_ACCESS_KEY_ID=ASIAEXAMPLE\nAWS_SECRET_ACCESS_KEY=secret\nAWS_SESSION_TOKEN=token-123\n")
+    settings = ServiceSettings.load(settings_file)
+    env = settings.aws_env()
+    assert env["AWS_SESSION_TOKEN"] == "token-123" and redact(env)["AWS_SESSION_TOKEN"] == "***"
+    assert "token-123" not in repr(settings)
+    assert client(settings)._request_signer._credentials.token == "token-123"
