@@ -80,7 +80,11 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
         model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id
     )
     engine = initialize(model, groups, ds, cfg.optim)
-    checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint)
+    full = config.to_dict()
+    recipe = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],
+              "init": "scratch" if str(backbone_path) == SCRATCH else "pretrained"}
+    checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint,
+                                                 lineage.resume_identity(recipe, world_size))
     start, history = 0, {"loss": []}
     resumed = checkpoints.resume(engine)
     if resumed is not None:
@@ -91,6 +95,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=run_name) as tracker:
         log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)
+        log.resumed()
         started = time.perf_counter()
         for step in range(start, steps):
             set_lr(engine, float(lrs[step]))

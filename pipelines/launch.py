@@ -86,6 +86,13 @@ class StepLogger:
         self.name, self.total, self.pipes, self.enabled = name, total_steps, pipes, enabled
         self.start_step, self.start_time = start_step, time.perf_counter()
 
+    def resumed(self) -> None:
+        """Say where a resumed run picks up (once, before its first step)."""
+        if self.enabled and self.start_step > 0:
+            line = f"[{self.name}] resumed from step {self.start_step}/{self.total}"
+            print(line, flush=True)
+            self.pipes.log.info(line)
+
     def __call__(self, step: int, values: dict[str, float]) -> None:
         if not self.enabled:
             return

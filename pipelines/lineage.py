@@ -48,6 +48,14 @@ class Lineage:
             git_commit=tracking.git_commit(ws.root),
         )
 
+    def resume_identity(self, recipe: dict[str, Any], world_size: int) -> dict[str, str]:
+        """What a checkpoint must have been written with for this run to resume it: the recipe
+        (leaving out how often it logs and saves), the data and backbone it reads, the world size
+        (ZeRO shards the optimizer per rank). The Dagster run and the git commit may differ."""
+        recipe = {k: v for k, v in recipe.items() if k not in ("log_every", "checkpoint")}
+        return {"recipe_sha": tracking.config_sha(recipe), "data_md5": self.data_md5,
+                "backbone_md5": self.backbone_md5, "world_size": str(world_size)}
+
     def tags(self, config: dict[str, Any]) -> dict[str, str]:
         return tracking.lineage_tags(
             self.dagster_run_id, self.data_md5, self.backbone_md5, self.git_commit, tracking.config_sha(config)

@@ -77,7 +77,10 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
     engine = initialize(student, groups, ds, cfg.optim)
     teacher.to(engine.device)
     centering.to(engine.device)
-    checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint)
+    full = config.to_dict()
+    checkpoints = CheckpointManager.from_section(
+        output_dir / "checkpoints", cfg.checkpoint,
+        lineage.resume_identity({**full["pretrain"], "image_size": full["image_size"]}, world_size))
     start, history = 0, {key: [] for key in LOSS_KEYS + MONITOR_KEYS}
     resumed = checkpoints.resume(engine)
     if resumed is not None:
@@ -95,8 +98,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "pretrain", lineage, config.to_dict()) as tracker:
         log = StepLogger("pretrain", cfg.steps, start, pipes, enabled=rank == 0)
-        if resumed is not None and rank == 0:
-            pipes.log.info(f"resumed from step {start}")
+        log.resumed()
         started = time.perf_counter()
         for step in range(start, cfg.steps):
             set_lr(engine, float(lrs[step]), step)

@@ -86,6 +86,27 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def make_curated(root: Path, n: int = 24) -> Path:
+    """Rendered people with labels, 2/3 train and 1/3 val: a curated folder the steps read."""
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from sapiens2.data.synth import render_person, write_sample
+
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    rows = []
+    for i in range(n):
+        sample = render_person(np.random.default_rng(1000 + i))
+        Image.fromarray(sample.image).save(root / "images" / f"{i:04d}.png")
+        write_sample(root / "labels" / f"{i:04d}.npz", sample)
+        rows.append({"id": f"{i:04d}", "path": f"images/{i:04d}.png", "status": "kept", "reason": None,
+                     "split": "train" if i % 3 else "val"})
+    pd.DataFrame(rows).to_parquet(root / "manifest.parquet")
+    return root
+
+
 def make_workspace(root: Path, overrides: dict | None = None) -> Path:
     """A workspace at `root`: params.yaml (project defaults + overrides), dvc.yaml, and the code
     folders the DVC stages depend on (symlinked, so hashes match the project's)."""

@@ -1,14 +1,22 @@
 """Resumable DeepSpeed checkpoints and full-precision weight export.
 
-Layout: `root/step_00001000/` (DeepSpeed's per-rank model and ZeRO optimizer files) and
-`root/latest` naming the newest complete tag. DeepSpeed's own `latest` is written by rank 0
-before the other ranks have necessarily finished their optimizer shards, so we write it
-ourselves, atomically, only after `save_checkpoint` has returned on every rank; a job killed
-mid-save therefore resumes from the previous complete checkpoint.
+Layout: `root/step_00001000/` (DeepSpeed's per-rank model and ZeRO optimizer files, plus our
+`sapiens2.json`: the step and the run identity, written once every rank has saved, which marks
+the tag complete) and `root/latest` naming the newest complete tag. DeepSpeed's own `latest` is
+written by rank 0 before the other ranks have necessarily finished their optimizer shards, so we
+write it ourselves, durably (fsync, atomic rename), after a barrier; a job killed mid-save
+resumes from the previous complete checkpoint, and a `latest` lost to a crash falls back to the
+newest tag with a completion record.
+
+A manager built with an `identity` (recipe hash, data hash, world size: whatever must be equal
+for a resume to continue the same run) refuses to resume a checkpoint recorded with another one,
+naming the fields that differ, instead of silently continuing an old recipe.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
@@ -25,6 +33,27 @@ from torch import nn
 from sapiens2.train.config import CheckpointSection
 
 _TAG = re.compile(r"^step_(\d{8})$")
+RECORD = "sapiens2.json"
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint on disk belongs to a different run than the one asking to resume it."""
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new content."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _tag(step: int) -> str:
@@ -40,16 +69,18 @@ class CheckpointManager:
     steps, so a resumed loop continues at `range(step, total_steps)`.
     """
 
-    def __init__(self, root: str | Path, every_n_steps: int, keep_last: int):
+    def __init__(self, root: str | Path, every_n_steps: int, keep_last: int, identity: dict[str, str] | None = None):
         if every_n_steps < 1 or keep_last < 1:
             raise ValueError(f"every_n_steps ({every_n_steps}) and keep_last ({keep_last}) must be >= 1")
         self.root = Path(root)
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
+        self.identity = identity
 
     @classmethod
-    def from_section(cls, root: str | Path, section: CheckpointSection) -> CheckpointManager:
-        return cls(root, section.every_n_steps, section.keep_last)
+    def from_section(cls, root: str | Path, section: CheckpointSection,
+                     identity: dict[str, str] | None = None) -> CheckpointManager:
+        return cls(root, section.every_n_steps, section.keep_last, identity)
 
     def should_save(self, step: int) -> bool:
         """Whether to checkpoint after `step` completed optimizer steps."""
@@ -60,23 +91,45 @@ class CheckpointManager:
         tag = _tag(step)
         state = {"sapiens2_step": step, "sapiens2_client_state": client_state}
         engine.save_checkpoint(str(self.root), tag=tag, client_state=state, save_latest=False)
+        dist.barrier()  # every rank's shards are on disk before the tag is called complete
         if dist.get_rank() == 0:
-            tmp = self.root / "latest.tmp"
-            tmp.write_text(tag)
-            os.replace(tmp, self.root / "latest")
+            write_durably(self.root / tag / RECORD, json.dumps({"step": step, "identity": self.identity}))
+            write_durably(self.root / "latest", tag)
             for old in self._tags()[: -self.keep_last]:
                 shutil.rmtree(self.root / old)
         dist.barrier()
 
     def latest_step(self) -> int | None:
-        """Step of the newest complete checkpoint, or None when there is none."""
+        """Step of the newest complete checkpoint, or None when there is none. A missing, empty
+        or garbled `latest` (a crash while it was written) falls back to the newest tag with a
+        completion record."""
         latest = self.root / "latest"
-        if not latest.is_file():
-            return None
-        match = _TAG.match(latest.read_text().strip())
-        if match is None:
-            raise ValueError(f"{latest} does not name a step_XXXXXXXX tag")
-        return int(match.group(1))
+        match = _TAG.match(latest.read_text().strip()) if latest.is_file() else None
+        if match is not None and (self.root / match.group(0)).is_dir():
+            return int(match.group(1))
+        complete = [t for t in self._tags() if (self.root / t / RECORD).is_file()] if self.root.is_dir() else []
+        if latest.is_file() or complete:
+            log.warning("%s: %s; falling back to %s", self.root,
+                        f"{latest} names no checkpoint" if latest.is_file() else "no latest pointer",
+                        complete[-1] if complete else "a fresh start")
+        return int(_TAG.match(complete[-1]).group(1)) if complete else None
+
+    def check_identity(self, step: int) -> None:
+        """Raise CheckpointMismatch when the checkpoint at `step` was recorded by another run."""
+        if self.identity is None:
+            return
+        record = self.root / _tag(step) / RECORD
+        saved = json.loads(record.read_text()).get("identity") if record.is_file() else None
+        if saved == self.identity:
+            return
+        if saved is None:
+            differs = "it records no run identity"
+        else:
+            differs = "; ".join(f"{k}: saved {saved.get(k)!r}, now {self.identity.get(k)!r}"
+                                for k in sorted(set(saved) | set(self.identity)) if saved.get(k) != self.identity.get(k))
+        raise CheckpointMismatch(
+            f"{self.root / _tag(step)} belongs to another run ({differs}); resuming needs the same recipe, "
+            f"data and world size: write to a new output folder, or delete {self.root} to start over")
 
     def resume(self, engine: deepspeed.DeepSpeedEngine) -> tuple[int, dict[str, Any]] | None:
         """Collective: load the newest complete checkpoint into `engine` (weights, fp32 master
@@ -87,6 +140,7 @@ class CheckpointManager:
         step = self.latest_step()
         if step is None:
             return None
+        self.check_identity(step)
         load_path, state = engine.load_checkpoint(str(self.root), tag=_tag(step))
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load {self.root / _tag(step)}")

@@ -17,12 +17,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
-from PIL import Image
 
-from sapiens2.data.synth import render_person, write_sample
-from tests.conftest import SMALL_RECIPE
+from tests.conftest import SMALL_RECIPE, make_curated
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "losses"
 PRETRAIN_STEPS, FINETUNE_STEPS = 30, 30
@@ -37,21 +34,6 @@ FINETUNE = [f"{k}={v}" for k, v in SMALL_RECIPE.items() if k.startswith("finetun
     "finetune.checkpoint.every_n_steps=1000",
     f"pretrain.arch={SMALL_RECIPE['pretrain.arch']}",
 ]
-
-
-def _curated(root: Path, n: int = 24) -> Path:
-    """Rendered people with labels, 2/3 train and 1/3 val: a curated folder the steps read."""
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    rows = []
-    for i in range(n):
-        sample = render_person(np.random.default_rng(1000 + i))
-        Image.fromarray(sample.image).save(root / "images" / f"{i:04d}.png")
-        write_sample(root / "labels" / f"{i:04d}.npz", sample)
-        rows.append({"id": f"{i:04d}", "path": f"images/{i:04d}.png", "status": "kept", "reason": None,
-                     "split": "train" if i % 3 else "val"})
-    pd.DataFrame(rows).to_parquet(root / "manifest.parquet")
-    return root
 
 
 def _run(module: str, args: list[str], settings: list[str], env: dict) -> None:
@@ -74,7 +56,7 @@ def _check(name: str, history: dict[str, list[float]], keys: tuple[str, ...]) ->
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("expected_losses")
-    curated = _curated(root / "curated")
+    curated = make_curated(root / "curated")
     env = {**os.environ, "SAPIENS2_WORKSPACE": str(root), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
            "OMP_NUM_THREADS": "1"}
     _run("pipelines.pretrain", ["--curated", str(curated), "--output", str(root / "pretrain")], PRETRAIN, env)
