@@ -52,7 +52,7 @@ from pipelines.dataset_stats import write_label_manifests
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import curation_scores_png
 from sapiens2.curation.config import CurationConfig
-from sapiens2.curation.decode import decode_image
+from sapiens2.data.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
 from sapiens2.curation.passes import balance, deduplicate

@@ -9,7 +9,7 @@ clusters, and writes the manifest and ``report.md``.
 
 from sapiens2.curation.balance import Clusters, balanced_sample, hierarchical_clusters, water_fill
 from sapiens2.curation.config import BalanceConfig, CurationConfig, EmbeddingConfig, PersonDetectorConfig
-from sapiens2.curation.decode import Decoded, decode_image
+from sapiens2.data.decode import Decoded, decode_image
 from sapiens2.curation.dedup import (BKTree, DuplicateGroups, PhashScorer, candidate_pairs, group_duplicates,
                                      orb_keypoints, similarity_inliers)
 from sapiens2.curation.embed import BackboneEmbedder, TinyImageEmbedder, build_embedder, near_duplicate_pairs

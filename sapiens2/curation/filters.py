@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sapiens2.curation.config import CurationConfig
-from sapiens2.curation.decode import decode_image
+from sapiens2.data.decode import decode_image
 from sapiens2.curation.embed import build_embedder
 from sapiens2.curation.stages import build_stages
 

@@ -19,7 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sapiens2.curation.config import CurationConfig
-from sapiens2.curation.decode import decode_image
+from sapiens2.data.decode import decode_image
 from sapiens2.curation.stages import STAGES
 
 # Score columns not worth a histogram: identifiers, hashes and the raw size (short_side says it).

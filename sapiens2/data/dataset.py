@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from sapiens2.data.augment import Augment, hflip_sample, person_crop  # noqa: F401 (re-exported)
+from sapiens2.data.decode import read_rgb
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.pose import COCO_FLIP_PAIRS
@@ -110,16 +111,13 @@ def load_curated_sample(
 
     fields=None reads every array of the label file; otherwise each named field must be there.
     """
-    image_path = root / "images" / image_file
-    bgr = cv2.imread(str(image_path), cv2.IMREAD_COLOR)
-    if bgr is None:
-        raise ValueError(f"{image_path}: unreadable image")
+    image = read_rgb(root / "images" / image_file)
     label_path = root / "labels" / f"{sample_id}.npz"
     if not label_path.is_file():
         raise ValueError(f"{label_path}: missing label file for image {image_file}")
     with np.load(label_path) as npz:
         return labelled_sample(
-            sample_id, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), npz, fields, num_keypoints,
+            sample_id, image, npz, fields, num_keypoints,
             num_classes, str(label_path),
         )
 

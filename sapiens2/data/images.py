@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from sapiens2.data.decode import read_rgb
+
 
 def split_rows(curated_dir: str | Path, split: str) -> pd.DataFrame:
     """Kept manifest rows of `split` ("train" or "val"), sorted by id for a stable order."""
@@ -33,9 +35,8 @@ def load_split_images(curated_dir: str | Path, split: str, size: tuple[int, int]
     height, width = size
     images = np.empty((len(rows), height, width, 3), dtype=np.uint8)
     for i, row in rows.iterrows():
-        with Image.open(kept_image_path(curated_dir, row)) as image:
-            image = image.convert("RGB")
-            if image.size != (width, height):
-                image = image.resize((width, height), Image.Resampling.BILINEAR)
-            images[i] = np.asarray(image)
+        rgb = read_rgb(kept_image_path(curated_dir, row))
+        if rgb.shape[:2] != (height, width):
+            rgb = np.asarray(Image.fromarray(rgb).resize((width, height), Image.Resampling.BILINEAR))
+        images[i] = rgb
     return images, rows["id"].tolist()

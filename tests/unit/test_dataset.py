@@ -243,3 +243,36 @@ def test_flip_maps_agree_with_the_synthetic_generator():
         tuple(synth.SEG_CLASSES) == SEG_CLASSES
         and tuple(int(i) for i in synth.SEG_FLIP) == SEG_FLIP
     )
+
+
+def test_training_reads_images_as_curation_judged_them(tmp_path) -> None:
+    """EXIF rotation, 16-bit scaling and alpha on white: the dataset loaders share curation's
+    decoder (cv2.imread and Image.convert("RGB") would give a sideways, white or black image)."""
+    from PIL import Image
+
+    from sapiens2.data.decode import decode_image
+    from sapiens2.data.formats.common import read_rgb
+    from sapiens2.data.images import load_split_images
+
+    tall = np.zeros((40, 20, 3), np.uint8)
+    tall[:10] = 255  # a white top band: which way is up
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored rotated; a viewer turns it upright
+    root = tmp_path / "curated"
+    (root / "images").mkdir(parents=True)
+    Image.fromarray(np.rot90(tall, 1)).save(root / "images" / "a.jpg", exif=exif.tobytes(), quality=100)
+    grey16 = Image.fromarray(np.full((40, 20), 32896, np.uint16))
+    grey16.save(root / "images" / "b.png")
+    rgba = np.zeros((40, 20, 4), np.uint8)  # fully transparent black pixels
+    Image.fromarray(rgba, "RGBA").save(root / "images" / "c.png")
+    pd.DataFrame([{"id": k, "path": f"images/{k}{ext}", "status": "kept", "split": "train"}
+                  for k, ext in (("a", ".jpg"), ("b", ".png"), ("c", ".png"))]).to_parquet(root / "manifest.parquet")
+    images, ids = load_split_images(root, "train", (40, 20))
+    assert ids == ["a", "b", "c"]
+    for name, loaded in zip(("a.jpg", "b.png", "c.png"), images):
+        judged = decode_image(root / "images" / name, 10**8).image
+        np.testing.assert_array_equal(loaded, judged)
+        np.testing.assert_array_equal(read_rgb(root / "images" / name), judged)
+    assert images[0][:10].mean() > 200 and images[0][-10:].mean() < 50, "EXIF rotation applied"
+    assert abs(int(images[1].mean()) - 128) <= 1, "16-bit scaled, not clipped to white"
+    assert images[2].min() == 255, "transparent pixels on white, not black"

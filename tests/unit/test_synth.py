@@ -13,7 +13,7 @@ from sapiens2.data.synth import (EXPECTED, FLIP_PAIRS, KEYPOINT_NAMES, KEYPOINT_
                                  SEG_CLASSES, SEG_FLIP, SKELETON, DistractorMix, generate_pool,
                                  read_sample, render_person, write_sample)
 from sapiens2.data.synth.labels import SEG_ID
-from sapiens2.data.synth.sample_io import decode_image
+from sapiens2.data.decode import read_rgb as decode_image
 
 H, W = 128, 96
 

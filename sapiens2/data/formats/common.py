@@ -17,6 +17,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from sapiens2.data import decode
 from sapiens2.data.augment import mask_bbox  # noqa: F401 (re-exported for the readers)
 from sapiens2.data.dataset import validate_labels
 
@@ -30,11 +31,9 @@ def require(path: Path, what: str) -> Path:
 
 
 def read_rgb(path: Path) -> np.ndarray:
-    """An image file as (H, W, 3) uint8 RGB."""
-    bgr = cv2.imread(str(require(path, "image")), cv2.IMREAD_COLOR)
-    if bgr is None:
-        raise ValueError(f"{path}: unreadable image")
-    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    """An image file as (H, W, 3) uint8 RGB, through the platform's one decoder; a missing file
+    is named as a missing image."""
+    return decode.read_rgb(require(path, "image"))
 
 
 def write_png(path: Path, image: np.ndarray) -> None:

@@ -24,7 +24,8 @@ import pandas as pd
 from sapiens2.data.dataset import labelled_sample
 from sapiens2.data.formats.common import require, unique_ids
 from sapiens2.data.formats.manifest import stored_labels
-from sapiens2.data.synth.sample_io import decode_image, encode_image, write_label_arrays
+from sapiens2.data.decode import read_rgb
+from sapiens2.data.synth.sample_io import encode_image, write_label_arrays
 from sapiens2.labels import SEG_CLASSES
 
 FORMAT = "sapiens2-shards"
@@ -159,7 +160,7 @@ def read_shards(
                     f"{where}: field 'sha256' says {row.sha256}, image + labels hash to {digest}"
                 )
             try:
-                image = decode_image(image_bytes)
+                image = read_rgb(image_bytes)
             except ValueError:
                 raise ValueError(f"{where}: field 'image' is not a readable image") from None
             for field, expected in (

@@ -48,11 +48,3 @@ def encode_image(image: np.ndarray, ext: str, quality: int = 95) -> bytes:
     if not ok:
         raise ValueError(f"could not encode image as {ext}")
     return buf.tobytes()
-
-
-def decode_image(data: bytes) -> np.ndarray:
-    """Decode image bytes to RGB uint8 (raises ValueError on unreadable data)."""
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) if data else None
-    if image is None:
-        raise ValueError("unreadable image data")
-    return image[..., ::-1].copy()

@@ -1,4 +1,9 @@
-"""Decode any image file into upright uint8 RGB, or say why it cannot be used."""
+"""The one image decoder: any file (or its bytes) into upright uint8 RGB, or why it cannot be used.
+
+Curation judges images through `decode_image`; training, evaluation, prediction and the dataset
+readers load them through `read_rgb`, the same decode, so a model sees what curation judged (an
+EXIF-rotated JPEG upright, a 16-bit PNG scaled, a transparent PNG on white).
+"""
 
 from __future__ import annotations
 
@@ -96,3 +101,17 @@ def decode_image(source: str | Path | bytes, max_pixels: int, min_short_side: in
     if rgb.ndim != 3 or rgb.shape[0] == 0 or rgb.shape[1] == 0:
         return Decoded(None, f"unreadable: decoded to empty array of shape {rgb.shape}", size)
     return Decoded(np.ascontiguousarray(rgb), None, size)
+
+
+# Training reads curated images, which curation already held to its own `max_pixels`; this
+# bound only stops a decompression bomb in a dataset that skipped curation.
+READ_MAX_PIXELS = 1 << 28
+
+
+def read_rgb(source: str | Path | bytes, max_pixels: int = READ_MAX_PIXELS) -> np.ndarray:
+    """`decode_image` at full resolution; raises ValueError naming the file and the reason."""
+    decoded = decode_image(source, max_pixels)
+    if not decoded.ok:
+        where = "image data" if isinstance(source, bytes) else str(source)
+        raise ValueError(f"{where}: {decoded.error}")
+    return decoded.image
