@@ -15,27 +15,41 @@ from pipelines.launch import save_resolved
 from pipelines.services import ServiceSettings
 from pipelines.version import DvcWorkspace
 from pipelines.workspace import Workspace
-from sapiens2.model.config import ARCHS
+
+
+def _section(name: str) -> Any:
+    keys = ", ".join(PlatformConfig.model_fields[name].annotation.model_fields)
+    return Field(default=None, description=(
+        f"overrides of the `{name}` section of params.yaml, nested as there (e.g. "
+        f"{{deepspeed: {{zero_stage: 3}}}}); keys: {keys}. Empty: params.yaml's values."))
+
+
+def dotted(prefix: str, value: Any) -> dict[str, Any]:
+    """{"deepspeed": {"zero_stage": 3}} under "pretrain" -> {"pretrain.deepspeed.zero_stage": 3}:
+    a nested override changes only the keys it names; a leaf or an empty mapping is one value."""
+    if isinstance(value, dict) and value:
+        return {key: leaf for name, sub in value.items() for key, leaf in dotted(f"{prefix}.{name}", sub).items()}
+    return {prefix: value}
 
 
 class PlatformResource(dg.ConfigurableResource):
-    """The run config shown in the launchpad; a field left empty takes its `params.yaml` value.
+    """The whole run config in the launchpad: one field per section of `PlatformConfig`, each
+    holding overrides merged into the workspace's `params.yaml` (an empty field keeps its values).
 
-    Every asset requires this resource, so an invalid value (unknown model size, ZeRO stage 4,
-    negative steps) fails while the first step starts, before any work, naming the field.
+    Every asset requires this resource, so an invalid value anywhere (unknown model size, ZeRO
+    stage 4, negative steps, a misspelt key) fails while the first step starts, before any
+    work, naming the field.
     """
 
-    arch: Optional[str] = Field(default=None, description=f"backbone size, one of {sorted(ARCHS)}")
-    n_people: Optional[int] = Field(default=None, description="synthetic people in the raw pool")
-    pretrain_steps: Optional[int] = Field(default=None, description="pretraining optimizer steps")
-    finetune_steps: Optional[int] = Field(default=None, description="fine-tuning optimizer steps per task")
-    zero_stage: Optional[int] = Field(default=None, description="DeepSpeed ZeRO stage of pretraining (1, 2 or 3)")
-    world_size: Optional[int] = Field(default=None, description="pretraining ranks")
-    micro_batch_size: Optional[int] = Field(default=None, description="pretraining samples per rank per step")
-    grad_accum_steps: Optional[int] = Field(default=None, description="pretraining micro-batches per optimizer step")
-    init_checkpoint: Optional[str] = Field(
-        default=None, description="fine-tune from this published backbone (.safetensors/.pth) instead of our pretraining"
-    )
+    image_size: Optional[list[int]] = Field(default=None, description="[height, width] of every stage's input")
+    keypoint_set: Optional[str] = Field(default=None, description="coco17 or sapiens308")
+    raw_source: Optional[str] = Field(default=None, description="s3://bucket/prefix or a folder; empty: params.yaml's")
+    synth: Optional[dict[str, Any]] = _section("synth")
+    curation: Optional[dict[str, Any]] = _section("curation")
+    pretrain: Optional[dict[str, Any]] = _section("pretrain")
+    finetune: Optional[dict[str, Any]] = _section("finetune")
+    evaluate: Optional[dict[str, Any]] = _section("evaluate")
+    registry: Optional[dict[str, Any]] = _section("registry")
 
     _config: Optional[PlatformConfig] = PrivateAttr(default=None)
 
@@ -48,18 +62,13 @@ class PlatformResource(dg.ConfigurableResource):
         return Workspace.from_env()
 
     def overrides(self) -> dict[str, Any]:
-        fields = {
-            "pretrain.arch": self.arch,
-            "synth.n_people": self.n_people,
-            "pretrain.steps": self.pretrain_steps,
-            "finetune.steps": self.finetune_steps,
-            "pretrain.deepspeed.zero_stage": self.zero_stage,
-            "pretrain.deepspeed.world_size": self.world_size,
-            "pretrain.deepspeed.micro_batch_size": self.micro_batch_size,
-            "pretrain.deepspeed.grad_accum_steps": self.grad_accum_steps,
-            "finetune.init_checkpoint": self.init_checkpoint,
-        }
-        return {key: value for key, value in fields.items() if value is not None}
+        """The launchpad's values as dotted keys over params.yaml."""
+        out: dict[str, Any] = {}
+        for name in PlatformConfig.model_fields:
+            value = getattr(self, name)
+            if value is not None:
+                out |= dotted(name, value) if isinstance(value, dict) else {name: value}
+        return out
 
     def resolve(self) -> PlatformConfig:
         return load_config(self.ws.params_file, self.overrides())

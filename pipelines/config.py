@@ -305,4 +305,5 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     try:
         return PlatformConfig.model_validate(data)
     except ValidationError as err:
-        raise ValueError(f"{source}: invalid config: {_describe(err)}") from err
+        given = f" with overrides of {', '.join(sorted(overrides))}" if overrides else ""
+        raise ValueError(f"{source}{given}: invalid config: {_describe(err)}") from err

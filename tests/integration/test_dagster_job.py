@@ -31,7 +31,7 @@ def test_definitions_load_with_grouped_assets_and_jobs() -> None:
 
 
 def test_invalid_run_config_fails_before_any_asset_runs(small_workspace: Path) -> None:
-    resources = {**RESOURCES, "platform": PlatformResource(zero_stage=4)}
+    resources = {**RESOURCES, "platform": PlatformResource(pretrain={"deepspeed": {"zero_stage": 4}})}
     result = dg.materialize([raw_pool], resources=resources, raise_on_error=False)
     assert not result.success
     assert not (small_workspace / "data" / "raw").exists()

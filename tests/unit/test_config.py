@@ -109,3 +109,30 @@ def test_gate_defaults_and_margin_overrides() -> None:
                 {"evaluate.gate_baseline": "oracle"}):
         with pytest.raises(ValueError, match="evaluate"):
             load_config(PROJECT_ROOT / "params.yaml", bad)
+
+
+def test_the_launchpad_offers_every_section_and_merges_nested_overrides() -> None:
+    """Through Dagster's own schema: the `platform` resource lists every PlatformConfig field;
+    a nested override changes only the keys it names; a bad one is named before any asset runs."""
+    import dagster as dg
+
+    from assets.resources import PlatformResource
+
+    @dg.asset(required_resource_keys={"platform"})
+    def probe(context):  # unannotated: this module defers annotations, Dagster resolves them
+        return context.resources.platform.config.pretrain.deepspeed.zero_stage
+
+    defs = dg.Definitions(assets=[probe], resources={"platform": PlatformResource()})
+    schema = defs.resolve_implicit_global_asset_job_def().run_config_schema.config_type
+    fields = schema.fields["resources"].config_type.fields["platform"].config_type.fields["config"].config_type.fields
+    assert set(fields) == set(PlatformConfig.model_fields)
+    overridden = PlatformResource(pretrain={"deepspeed": {"zero_stage": 3}}, finetune={"task_steps": {}}).resolve()
+    defaults = load_config(PROJECT_ROOT / "params.yaml")
+    assert overridden.pretrain.deepspeed.zero_stage == 3 and overridden.finetune.task_steps == {}
+    assert overridden.pretrain.deepspeed.world_size == defaults.pretrain.deepspeed.world_size
+    assert overridden.curation == defaults.curation
+    run_config = {"resources": {"platform": {"config": {"evaluate": {"gate_margn": {"seg": 0.1}}}}}}
+    result = dg.materialize([probe], resources={"platform": PlatformResource()}, run_config=run_config,
+                            raise_on_error=False)
+    assert not result.success
+    assert "evaluate.gate_margn" in str(next(e for e in result.all_events if e.is_failure).event_specific_data)
