@@ -4,13 +4,17 @@ processes and machines (Dagster runs, the CLI) with no extra service.
 MLflow has no compare-and-set on aliases, but creating a registered model is atomic: the store's
 unique name constraint (SQLite, PostgreSQL, or a tracking server in front of them) lets exactly
 one of several concurrent `create_registered_model` calls succeed. The lock is the registered
-model `<name>.lock`, deleted on release; one older than `stale_s` (its holder died) is broken.
+model `<name>.lock`, deleted on release by the holding that took it (a token in its tags; MLflow
+has no conditional delete, so only a break-and-retake between the check and the delete is left);
+one older than `stale_s` (its holder died) is broken.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
 
 LOCK_SUFFIX = ".lock"
+log = logging.getLogger(__name__)
 
 
 class RegistryLockTimeout(RuntimeError):
@@ -34,10 +39,11 @@ def registry_lock(client: MlflowClient, name: str, holder: str, timeout_s: float
                   stale_s: float = 900.0) -> Iterator[None]:
     """Hold the lock of registered model `name` for the body of the `with` block."""
     lock = f"{name}{LOCK_SUFFIX}"
+    token = uuid.uuid4().hex  # this holding: a lock broken as stale and retaken by another is not ours
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            client.create_registered_model(lock, tags={"holder": holder, "since": f"{time.time():.3f}"},
+            client.create_registered_model(lock, tags={"holder": holder, "since": f"{time.time():.3f}", "token": token},
                                            description=f"promotion lock of {name}; held by {holder}")
             break
         except MlflowException as exc:
@@ -60,4 +66,19 @@ def registry_lock(client: MlflowClient, name: str, holder: str, timeout_s: float
     try:
         yield
     finally:
-        client.delete_registered_model(lock)
+        _release(client, lock, token)
+
+
+def _release(client: MlflowClient, lock: str, token: str) -> None:
+    """Delete the lock only while it is still this holding's."""
+    try:
+        current = client.get_registered_model(lock)
+    except MlflowException as exc:
+        if _is(exc, RESOURCE_DOES_NOT_EXIST):
+            log.warning("%s was already gone at release (broken as stale?)", lock)
+            return
+        raise
+    if current.tags.get("token") != token:
+        log.warning("%s is now held by %r: not releasing it", lock, current.tags.get("holder"))
+        return
+    client.delete_registered_model(lock)

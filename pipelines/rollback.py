@@ -41,6 +41,15 @@ def rollback(production: Production, request: Request, dev_client: MlflowClient 
         if PREVIOUS not in aliases or CHAMPION not in aliases:
             raise RollbackError(f"{name} has no {PREVIOUS!r} version to roll back to (aliases: {aliases})")
         restored, demoted = str(aliases[PREVIOUS]), str(aliases[CHAMPION])
+        # The demotion is recorded before any alias moves: a run killed in between leaves the
+        # aliases as they were, so a rerun repeats the same rollback, and the demoted version
+        # can never be promoted again by the next promotion run.
+        note = f"v{demoted} demoted at {request.tags('rollback')['rollback.at']}: {request.reason}"
+        client.set_model_version_tag(name, demoted, DEMOTED_TAG, note)
+        source = client.get_model_version(name, demoted).tags.get("promotion.source", "")
+        if source.startswith("models:/") and dev_client is not None:
+            dev_name, dev_version = source.removeprefix("models:/").rsplit("/", 1)
+            dev_client.set_model_version_tag(dev_name, dev_version, DEMOTED_TAG, note)
         client.set_registered_model_alias(name, CHAMPION, restored)
         before = client.get_model_version(name, restored).tags.get("promotion.replaced", "none")
         if before != "none":
@@ -49,12 +58,6 @@ def rollback(production: Production, request: Request, dev_client: MlflowClient 
             client.delete_registered_model_alias(name, PREVIOUS)
         for key, value in {**request.tags("rollback"), "rollback.from_version": demoted}.items():
             client.set_model_version_tag(name, restored, key, value)
-        note = f"v{demoted} demoted at {request.tags('rollback')['rollback.at']}: {request.reason}"
-        client.set_model_version_tag(name, demoted, DEMOTED_TAG, note)
-        source = client.get_model_version(name, demoted).tags.get("promotion.source", "")
-        if source.startswith("models:/") and dev_client is not None:
-            dev_name, dev_version = source.removeprefix("models:/").rsplit("/", 1)
-            dev_client.set_model_version_tag(dev_name, dev_version, DEMOTED_TAG, note)
     return Rollback(name, restored, demoted, before if before != "none" else None)
 
 

@@ -143,3 +143,35 @@ def test_lock_times_out_and_breaks_stale_holders(store: MlflowClient, model: str
     store.create_registered_model(f"{model}.lock", tags={"holder": "dead", "since": "0"})
     with registry_lock(store, model, holder="third", stale_s=60):
         assert store.get_registered_model(f"{model}.lock").tags["holder"] == "third"
+
+
+def test_a_holder_whose_lock_was_broken_does_not_release_the_new_holders(store: MlflowClient, model: str) -> None:
+    lock = f"{model}.lock"
+    with registry_lock(store, model, holder="slow", stale_s=0.0):
+        # "slow" looked dead (stale_s 0): "fast" breaks the lock and takes it meanwhile.
+        store.delete_registered_model(lock)
+        store.create_registered_model(lock, tags={"holder": "fast", "since": "9e18", "token": "fast-token"})
+    assert store.get_registered_model(lock).tags["holder"] == "fast", "slow's release deleted fast's lock"
+    store.delete_registered_model(lock)
+
+
+def test_a_rollback_killed_before_its_alias_moves_is_repeated_by_the_next(
+        store: MlflowClient, model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demoted version is tagged first; a kill before the alias move leaves the aliases as
+    they were and the rerun finishes the same rollback."""
+    prod = Production.for_model(model, store)
+    for ap in (0.5, 0.7):
+        _promote(store, model, _register(store, model, tmp_path, ap), prod)
+    assert _aliases(prod) == {"champion": "2", "previous": "1"}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed before the alias moved")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "set_registered_model_alias", killed)
+        with pytest.raises(KeyboardInterrupt):
+            rollback(prod, Request(reason="bad champion", requested_by="bob"), dev_client=store)
+    assert _aliases(prod) == {"champion": "2", "previous": "1"}
+    assert "bad champion" in store.get_model_version(prod.name, "2").tags[DEMOTED_TAG]
+    done = rollback(prod, Request(reason="bad champion", requested_by="bob"), dev_client=store)
+    assert (done.restored_version, done.demoted_version) == ("1", "2") and _aliases(prod) == {"champion": "1"}
