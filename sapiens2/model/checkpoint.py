@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -61,7 +62,12 @@ def save_checkpoint(module: nn.Module, path: str | Path) -> Path:
         raise ValueError(f"save_checkpoint writes safetensors; use a .safetensors path, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})
+    # Written beside the target and renamed into place: a reader (or a kill) never sees half a file.
+    partial = path.with_name(f".{path.name}.partial")
+    save_file(state, str(partial), metadata={"format": "pt"})
+    with open(partial, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(partial, path)
     return path
 
 
