@@ -89,7 +89,9 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
         example = np.zeros((1, *spec["image_size"], 3), dtype=np.uint8)
         output = predict_images(model, task, example, tuple(spec["image_size"]), spec.get("task_settings"))
         # Any image size is served (the pyfunc resizes), so only the channel axis is fixed in the input.
-        signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, 3))]),
+        # float32, not uint8: MLflow casts a request's JSON values to the schema's dtype, and floats
+        # in [0, 1] cast to uint8 are zeros; the model checks for 0-255 values (serving.checked_images).
+        signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.float32), (-1, -1, -1, 3))]),
                                    outputs=infer_signature(example, output).outputs)
         with tempfile.TemporaryDirectory() as tmp, tracking.start_stage_run("registry", f"register-{task}", tags):
             files = Path(tmp) / "model"

@@ -1,7 +1,10 @@
 """A fine-tuned task model as an MLflow pyfunc: an image batch in, the task's output out.
 
-Input: uint8 RGB images (N, H, W, 3); images of another size are resized to the model's input
-size and keypoints are mapped back to the caller's pixels. Output per task: pose (N, K, 3) x, y,
+Input: RGB images (N, H, W, 3) of 0-255 pixel values (uint8, or whole numbers in a float array:
+the served signature is float32 so that JSON values arrive as sent; a uint8 schema would cast
+floats in [0, 1] to zeros and answer 200), at most `MAX_IMAGES` per request and `MAX_SIDE` pixels
+a side; images of another size are resized to the model's input size and keypoints are mapped
+back to the caller's pixels. Output per task: pose (N, K, 3) x, y,
 score; seg (N, H, W) class ids; normal (N, H, W, 3) unit vectors; pointmap (N, H, W, 3) metres;
 albedo (N, H, W, 3) in [0, 1]. Dense outputs come at the model's input size.
 """
@@ -13,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -31,12 +36,32 @@ def load_task_model(model_dir: Path) -> tuple[TaskModel, dict]:
     return model.eval(), spec
 
 
+MAX_IMAGES, MAX_SIDE = 64, 4096  # one request's bound on memory and on a CPU replica's time
+
+
+def checked_images(images: np.ndarray) -> np.ndarray:
+    """The request as uint8 (N, H, W, 3), or a ValueError saying what is wrong with it."""
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected images of shape (N, H, W, 3), got {images.shape}")
+    n, height, width = images.shape[:3]
+    if not 1 <= n <= MAX_IMAGES or not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
+        raise ValueError(f"{n} images of {height}x{width}: a request holds 1-{MAX_IMAGES} images of at most "
+                         f"{MAX_SIDE} px a side")
+    if images.dtype == np.uint8:
+        return images
+    if images.dtype.kind not in "fiu":
+        raise ValueError(f"expected pixel values 0-255, got dtype {images.dtype}")
+    if not np.all(np.isfinite(images)) or images.min() < 0 or images.max() > 255 or np.any(images != np.round(images)):
+        hint = " (floats in [0, 1]? multiply by 255)" if images.min() >= 0 and images.max() <= 1 else ""
+        raise ValueError(f"expected whole pixel values 0-255, got values from {images.min()} to {images.max()}{hint}")
+    return images.astype(np.uint8)
+
+
 def predict_images(model: TaskModel, task_name: str, images: np.ndarray, size: tuple[int, int],
                    task_settings: dict | None = None) -> np.ndarray:
-    """Run `model` on uint8 images (N, H, W, 3) and stack the task's decoded outputs; `task_settings`
-    are those the model was fine-tuned with (its model.json), e.g. the heatmap sigma."""
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-        raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {images.shape}")
+    """Run `model` on images (N, H, W, 3) of 0-255 values (`checked_images`) and stack the task's
+    decoded outputs; `task_settings` are those the model was fine-tuned with (its model.json)."""
+    images = checked_images(np.asarray(images))
     task = get_task(task_name, **(task_settings or {}))
     pixels = torch.from_numpy(np.ascontiguousarray(images))
     height, width = images.shape[1:3]
@@ -58,5 +83,9 @@ class TaskPyfunc(mlflow.pyfunc.PythonModel):
         self.model, self.spec = load_task_model(Path(context.artifacts["model_dir"]))
 
     def predict(self, context: Any, model_input: np.ndarray, params: dict | None = None) -> np.ndarray:
-        return predict_images(self.model, self.spec["task"], np.asarray(model_input), tuple(self.spec["image_size"]),
+        try:
+            images = checked_images(np.asarray(model_input))
+        except ValueError as exc:  # MLflow answers an MlflowException with its message and a 400
+            raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
+        return predict_images(self.model, self.spec["task"], images, tuple(self.spec["image_size"]),
                               self.spec.get("task_settings"))

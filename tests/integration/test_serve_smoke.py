@@ -77,6 +77,11 @@ def test_champion_served_answers_an_image_request(registry: Path, tmp_path: Path
         batch = serve_smoke.invoke(base, np.stack([image, image[::-1].copy()]))
         with pytest.raises(serve_smoke.ServeError, match="invocations -> 400"):
             serve_smoke.invoke(base, np.zeros((1, 8, 8, 4), dtype=np.uint8))  # 4 channels: refused by the signature
+        # Floats in [0, 1] would be zeros under a uint8 schema (and a 200): refused, saying why.
+        with pytest.raises(serve_smoke.ServeError, match="invocations -> 400.*multiply by 255"):
+            serve_smoke.invoke(base, image[None].astype(np.float32) / 255.0)
+        with pytest.raises(serve_smoke.ServeError, match="invocations -> 400.*1-64 images"):
+            serve_smoke.invoke(base, np.zeros((65, 4, 4, 3), dtype=np.uint8))
     assert not _listening(port)  # stopped by pid
 
     model, spec = load_task_model(registry.parent / "models" / "pose")

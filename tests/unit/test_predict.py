@@ -106,3 +106,21 @@ def test_predict_from_a_registry_alias(tmp_path, images, monkeypatch, restore_tr
     cli(["predict", "--task", "normal", "--model", str(model_dir), str(images[1]),
          "--output", str(direct)])
     assert np.array_equal(np.load(out / "b.normal.npy"), np.load(direct / "b.normal.npy"))
+
+
+def test_served_requests_hold_whole_pixel_values_and_bounded_sizes() -> None:
+    from pipelines.serving import MAX_IMAGES, checked_images
+
+    pixels = np.arange(2 * 4 * 4 * 3).reshape(2, 4, 4, 3) % 256
+    assert checked_images(pixels.astype(np.float32)).dtype == np.uint8
+    np.testing.assert_array_equal(checked_images(pixels.astype(np.float32)), pixels.astype(np.uint8))
+    with pytest.raises(ValueError, match="multiply by 255"):
+        checked_images(pixels.astype(np.float32) / 255.0)
+    with pytest.raises(ValueError, match="values from -1"):
+        checked_images(np.full((1, 4, 4, 3), -1.0))
+    with pytest.raises(ValueError, match=f"1-{MAX_IMAGES} images"):
+        checked_images(np.zeros((MAX_IMAGES + 1, 4, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match="px a side"):
+        checked_images(np.zeros((1, 5000, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"shape \(N, H, W, 3\)"):
+        checked_images(np.zeros((1, 4, 4, 4), np.uint8))
