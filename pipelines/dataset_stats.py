@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sapiens2.data.npz import open_npz
+
 TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
 NUM_KEYPOINTS = 17
 NUM_SEG_CLASSES = 29
@@ -99,7 +101,7 @@ def build_label_manifests(curated_dir: str | Path) -> dict[str, pd.DataFrame]:
         if not label_path.is_file():
             continue
         try:
-            with np.load(label_path) as z:
+            with open_npz(label_path) as z:
                 for task in TASKS:
                     stats = _STATS[task](z, int(rec.height), int(rec.width))
                     rows[task].append({"id": str(rec.id), **stats})

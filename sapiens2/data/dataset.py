@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from sapiens2.data.augment import Augment, hflip_sample, person_crop  # noqa: F401 (re-exported)
 from sapiens2.data.decode import read_rgb
+from sapiens2.data.npz import open_npz
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.pose import COCO_FLIP_PAIRS
@@ -115,7 +116,7 @@ def load_curated_sample(
     label_path = root / "labels" / f"{sample_id}.npz"
     if not label_path.is_file():
         raise ValueError(f"{label_path}: missing label file for image {image_file}")
-    with np.load(label_path) as npz:
+    with open_npz(label_path) as npz:
         return labelled_sample(
             sample_id, image, npz, fields, num_keypoints,
             num_classes, str(label_path),

@@ -290,3 +290,22 @@ def test_shards_reject_damaged_files_and_missing_index(people, tmp_path):
     (tmp_path / "shards.json").unlink()
     with pytest.raises(ValueError, match=r"shards\.json: missing index"):
         list(read_shards(tmp_path))
+
+
+def test_a_label_archive_that_expands_past_the_limit_is_refused_before_inflating(tmp_path) -> None:
+    import zipfile
+
+    from sapiens2.data.npz import open_npz
+
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("seg.npy", b"\0" * (8 << 20))  # 8 MiB of zeros: a few KiB on disk
+    assert bomb.stat().st_size < 64 << 10
+    with pytest.raises(ValueError, match=r"bomb\.npz: label arrays expand to 8,388,608 bytes"):
+        open_npz(bomb, max_bytes=1 << 20)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match=r"junk\.npz: not an \.npz archive"):
+        open_npz(tmp_path / "junk.npz")
+    np.savez(tmp_path / "ok.npz", seg=np.arange(6).reshape(2, 3))
+    with open_npz((tmp_path / "ok.npz").read_bytes()) as labels:
+        assert labels["seg"].shape == (2, 3)

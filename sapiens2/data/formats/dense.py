@@ -26,6 +26,7 @@ import numpy as np
 
 from sapiens2.data.formats.common import (check_sample, mask_bbox, read_rgb, require,
                                           unique_ids, write_png)
+from sapiens2.data.npz import open_npz
 
 DENSE_FIELDS = ("normal", "pointmap", "albedo")
 _FOLDERS = {"normal": "normal", "pointmap": "depth", "albedo": "albedo"}
@@ -43,7 +44,7 @@ def _load_normal(folder: Path, stem: str) -> tuple[np.ndarray, Path]:
     npy, npz = folder / f"{stem}.npy", folder / f"{stem}.npz"
     if npy.is_file():
         return np.load(npy).astype(np.float32), npy
-    with np.load(require(npz, "normal")) as data:
+    with open_npz(require(npz, "normal")) as data:
         if "normal" not in data.files:
             raise ValueError(f"{npz}: missing field 'normal'")
         return data["normal"].astype(np.float32), npz

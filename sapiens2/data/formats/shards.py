@@ -24,6 +24,7 @@ import pandas as pd
 from sapiens2.data.dataset import labelled_sample
 from sapiens2.data.formats.common import require, unique_ids
 from sapiens2.data.formats.manifest import stored_labels
+from sapiens2.data.npz import open_npz
 from sapiens2.data.decode import read_rgb
 from sapiens2.data.synth.sample_io import encode_image, write_label_arrays
 from sapiens2.labels import SEG_CLASSES
@@ -170,7 +171,7 @@ def read_shards(
                     raise ValueError(
                         f"{where}: field {field!r} is {getattr(row, field)}, expected {expected}"
                     )
-            with np.load(io.BytesIO(label_bytes), allow_pickle=False) as npz:
+            with open_npz(label_bytes, where=f"{where}: field 'labels'") as npz:
                 sample = labelled_sample(
                     str(row.id), image, npz, fields, num_keypoints, num_classes, where
                 )

@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 
 from sapiens2.data.synth.person import PersonSample
+from sapiens2.data.npz import open_npz
 
 LABEL_KEYS = ("keypoints", "seg", "mask", "normal", "pointmap", "albedo", "K", "bbox")
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: np.savez stamps the current time
@@ -35,7 +36,7 @@ def write_sample(path: str | Path, sample: PersonSample) -> None:
 
 def read_sample(path: str | Path) -> dict[str, np.ndarray]:
     """Labels written by `write_sample`; normals come back as float32."""
-    with np.load(path, allow_pickle=False) as data:
+    with open_npz(path) as data:
         out = {key: data[key] for key in LABEL_KEYS}
     out["normal"] = out["normal"].astype(np.float32)
     return out
