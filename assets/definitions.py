@@ -9,7 +9,7 @@ from assets.curation import (curated_dataset, curated_expectations, filter_shard
                              raw_pool, shard_scores, versioned_dataset)
 from assets.registry import (champion_models, evaluation_report, every_task_beats_baseline, registered_models,
                              rollback_job)
-from assets.resources import DvcResource, PlatformResource
+from assets.resources import WORKSPACE_WRITER, DvcResource, PlatformResource
 from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone, scratch_models
 
 # The end-to-end graph; `shard_scores` (partitioned per pool shard) runs on its own, from the
@@ -60,11 +60,11 @@ def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
 executor = build_executor()
 
 end_to_end = dg.define_asset_job(
-    "end_to_end", selection=dg.AssetSelection.assets(*ALL_ASSETS), executor_def=executor,
+    "end_to_end", selection=dg.AssetSelection.assets(*ALL_ASSETS), executor_def=executor, tags=WORKSPACE_WRITER,
     description="Synthetic pool to champion model: curate, validate, version, pretrain, fine-tune x5, evaluate, register, promote.",
 )
 promote_job = dg.define_asset_job(
-    "promote", selection=dg.AssetSelection.assets(champion_models),
+    "promote", selection=dg.AssetSelection.assets(champion_models), tags=WORKSPACE_WRITER,
     description="Copy each task's newest version into its production model as champion if it beats the champion there.",
 )
 

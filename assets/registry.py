@@ -11,7 +11,7 @@ from pydantic import Field
 
 from assets import metadata
 from assets.curation import TRANSIENT
-from assets.resources import DvcResource, PlatformResource
+from assets.resources import WORKSPACE_WRITER, DvcResource, PlatformResource
 from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from pipelines import tracking
 from pipelines.config import TASK_NAMES
@@ -142,6 +142,6 @@ def rollback_champions(context: dg.OpExecutionContext, config: RollbackConfig, p
     context.add_output_metadata({"rollbacks": metadata.table(pd.DataFrame(rows))})
 
 
-@dg.job(name="rollback", description="Restore each task's previous production champion; the reason is recorded on the versions.")
+@dg.job(name="rollback", tags=WORKSPACE_WRITER, description="Restore each task's previous production champion; the reason is recorded on the versions.")
 def rollback_job():
     rollback_champions()

@@ -17,6 +17,11 @@ from pipelines.version import DvcWorkspace
 from pipelines.workspace import Workspace
 
 
+# Run tag of the jobs that write the shared workspace and registry: dagster.yaml (and the Helm
+# values) let one such run go at a time. An op tag would not do: run limits read run tags.
+WORKSPACE_WRITER = {"sapiens2/workspace": "writes"}
+
+
 def _section(name: str) -> Any:
     keys = ", ".join(PlatformConfig.model_fields[name].annotation.model_fields)
     return Field(default=None, description=(
