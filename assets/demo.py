@@ -3,7 +3,7 @@
 The run goes into the Dagster instance under `$DAGSTER_HOME` (default `.dagster_home/`), so the
 Dagster UI shows it afterwards as a run of the `end_to_end` job. It executes in-process: the steps
 would run one at a time anyway (the training pool holds one), and a step process per asset would
-re-import the code location (~15 s each) fourteen times. The heavy steps still run as separate
+re-import the code location (~7 s each) twenty times. The heavy steps still run as separate
 programs through Dagster Pipes; "Materialize all" in the UI uses the multiprocess executor.
 """
 
