@@ -423,6 +423,8 @@ def curate_step(input_dir: str | Path, output_dir: str | Path, config: CurationC
     into the folder, so its DVC md5 does not depend on who ran the step."""
     input_dir, output_dir = Path(input_dir).resolve(), Path(output_dir).resolve()
     _check_output(input_dir, output_dir)
+    if input_dir.is_relative_to(output_dir):  # the output folder is replaced whole
+        raise ValueError(f"output_dir {output_dir} holds the inputs in {input_dir}: curating would delete them")
     shutil.rmtree(output_dir, ignore_errors=True)
     summary = curate(input_dir, output_dir, config, work_dir)
     write_label_manifests(output_dir)

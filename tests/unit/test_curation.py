@@ -355,3 +355,14 @@ def test_pools_refuse_links_and_special_files_before_reading_or_copying(tmp_path
         list_inputs(pool)
     (pool / "images" / "c.jpg").unlink()
     assert [p.name for p in list_inputs(pool)] == ["a.jpg"]
+
+
+def test_the_curate_step_never_replaces_a_folder_holding_its_inputs(tmp_path: Path) -> None:
+    from pipelines.curate import curate_step
+
+    raw = tmp_path / "data" / "raw"
+    (raw / "images").mkdir(parents=True)
+    (raw / "images" / "a.jpg").write_bytes(b"jpeg")
+    with pytest.raises(ValueError, match="curating would delete them"):
+        curate_step(raw, tmp_path / "data", CurationConfig(workers=1))
+    assert (raw / "images" / "a.jpg").is_file()
