@@ -56,7 +56,7 @@ from sapiens2.data.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
 from sapiens2.curation.passes import balance, deduplicate
-from sapiens2.curation.pool import PoolShards, list_inputs, refuse_links, shard_pool
+from sapiens2.curation.pool import PoolShards, list_inputs, regular_files, shard_pool
 from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
@@ -99,7 +99,7 @@ def fetch_raw_pool(source: str, dest: str | Path) -> int:
 
         download_prefix(source, staging)
     elif Path(source).is_dir():
-        refuse_links(Path(source))  # before copying: copytree would follow them
+        regular_files(Path(source))  # refuses links before copying: copytree would follow them
         shutil.copytree(source, staging)
     else:
         raise FileNotFoundError(f"raw_source {source!r}: neither an s3:// URI nor a folder")

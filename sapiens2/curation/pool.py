@@ -35,27 +35,31 @@ def image_root(input_dir: Path) -> Path:
     return input_dir / "images" if (input_dir / "images").is_dir() else input_dir
 
 
-def refuse_links(root: Path) -> None:
-    """Raise ValueError naming the first symbolic link or special file (FIFO, socket, device)
-    under `root`: a link can point anywhere outside the pool (and would be packed, copied and
-    pushed to the DVC remote as if it were pool data), a FIFO blocks the reader forever."""
+def regular_files(root: Path) -> list[Path]:
+    """Every file under `root` (one walk); raises ValueError naming the first symbolic link or
+    special file (FIFO, socket, device): a link can point anywhere outside the pool (and would be
+    packed, copied and pushed to the DVC remote as if it were pool data), a FIFO blocks the reader."""
+    files = []
     for dirpath, dirnames, filenames in os.walk(root):  # os.walk never follows directory links
-        for name in [*dirnames, *filenames]:
-            path = Path(dirpath) / name
-            if path.is_symlink():
-                raise ValueError(f"{path}: a symbolic link (to {os.readlink(path)}) in the pool; "
-                                 "links may point outside it, so replace the link with the file itself")
-            if not (path.is_dir() or path.is_file()):
-                raise ValueError(f"{path}: not a regular file (FIFO, socket or device) in the pool")
+        for kind, names in (("dir", dirnames), ("file", filenames)):
+            for name in names:
+                path = Path(dirpath) / name
+                if path.is_symlink():
+                    raise ValueError(f"{path}: a symbolic link (to {os.readlink(path)}) in the pool; "
+                                     "links may point outside it, so replace the link with the file itself")
+                if not (path.is_dir() or path.is_file()):
+                    raise ValueError(f"{path}: not a regular file (FIFO, socket or device) in the pool")
+                if kind == "file":
+                    files.append(path)
+    return files
 
 
 def list_inputs(input_dir: Path) -> list[Path]:
     """Every non-hidden file under the image root, sorted; ids (file stems) must be unique and
-    the pool may hold no links or special files (`refuse_links`)."""
+    the pool may hold no links or special files (`regular_files`)."""
     root = image_root(input_dir)
-    refuse_links(root)
-    files = sorted(p for p in root.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    files = sorted(p for p in regular_files(root)
+                   if not any(part.startswith(".") for part in p.relative_to(root).parts))
     seen: dict[str, Path] = {}
     for path in files:
         if path.stem in seen:
