@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -23,14 +22,15 @@ from pipelines.config import PlatformConfig, load_config
 from pipelines.launch import StepLogger, parse_overrides, rank_zero_pipes, run_ranks, save_resolved
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import loss_curves_png
-from pipelines.pretrain import step_generator
-from sapiens2.data.dataset import CuratedDataset, collate
+from sapiens2.data.dataset import CuratedDataset
 from sapiens2.model import build_backbone, load_checkpoint, save_checkpoint
 from sapiens2.tasks import TASK_NAMES, TaskModel, build_task_model
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
-from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
+from sapiens2.tasks.recipe import FinetuneRecipe
+from sapiens2.train.engine import init_distributed, initialize
 from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
+from sapiens2.train.trainer import Trainer
 
 
 # `backbone_init` of a from-scratch control: the backbone starts from its seeded random init.
@@ -56,12 +56,6 @@ def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) 
     return build_task_model(task, backbone, **config.task_settings(task))
 
 
-def _to_float(pred):
-    if isinstance(pred, dict):
-        return {k: v.float() for k, v in pred.items()}
-    return pred.float()
-
-
 def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path | str, output_dir: Path,
           lineage: Lineage) -> None:
     """One rank of a fine-tuning run (collective)."""
@@ -81,42 +75,26 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     )
     engine = initialize(model, groups, ds, cfg.optim)
     full = config.to_dict()
-    recipe = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],
+    settings = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],
               "init": "scratch" if str(backbone_path) == SCRATCH else "pretrained"}
     checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint,
-                                                 lineage.resume_identity(recipe, world_size))
-    start, history = 0, {"loss": []}
-    resumed = checkpoints.resume(engine)
-    if resumed is not None:
-        start, state = resumed
-        history = state["history"]
-    lrs = lr_schedule(cfg.optim, steps)
+                                                 lineage.resume_identity(settings, world_size))
     run_name = f"{task_name}-scratch" if str(backbone_path) == SCRATCH else task_name
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=run_name) as tracker:
+        trainer = Trainer(engine, FinetuneRecipe(engine, task, data, ds.micro_batch_size), lr_schedule(cfg.optim, steps),
+                          checkpoints, cfg.seed, ds.grad_accum_steps)
+        start = trainer.resume()
         log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)
         log.resumed()
-        started = time.perf_counter()
-        for step in range(start, steps):
-            set_lr(engine, float(lrs[step]))
-            data.set_epoch(step)
-            terms: dict[str, float] = {}
-            for micro in range(ds.grad_accum_steps):
-                g = step_generator(cfg.seed, step, rank, micro)
-                batch = collate([data[int(i)] for i in torch.randint(len(data), (ds.micro_batch_size,), generator=g)])
-                pred = _to_float(engine(autocast_inputs(engine, batch["image"])))
-                loss, parts = task.loss(pred, batch)
-                engine.backward(loss)
-                engine.step()
-                for key, value in parts.items():
-                    terms[key] = terms.get(key, 0.0) + value / ds.grad_accum_steps
-            history["loss"].append(terms["loss"])
+
+        def track(step: int, metrics: dict[str, float]) -> None:
             if (step + 1) % cfg.log_every == 0 or step + 1 == steps:
-                log(step, {**terms, "lr": float(lrs[step])})
-                tracker.log_metrics({**terms, "lr": float(lrs[step])}, step + 1)
-            if checkpoints.should_save(step + 1):
-                checkpoints.save(engine, step + 1, {"history": history})
-        seconds = time.perf_counter() - started
+                tracker.log_metrics(metrics, step + 1)
+
+        trainer.hooks += [log.every(cfg.log_every), track]
+        history = trainer.fit(steps)
+        seconds = trainer.seconds
         weights = export_full_state_dict(engine)
 
         if rank == 0:

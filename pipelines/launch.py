@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,13 @@ class StepLogger:
         line = f"[{self.name}] step {step + 1}/{self.total} {parts} | {rate:.2f} it/s eta {eta:.0f}s"
         print(line, flush=True)
         self.pipes.log.info(line)
+
+    def every(self, n: int, keys: tuple[str, ...] | None = None) -> Callable[[int, dict[str, float]], None]:
+        """A `Trainer` hook printing `keys` of the metrics (all if None) every `n`-th and the last step."""
+        def hook(step: int, metrics: dict[str, float]) -> None:
+            if (step + 1) % n == 0 or step + 1 == self.total:
+                self(step, metrics if keys is None else {k: metrics[k] for k in keys})
+        return hook
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

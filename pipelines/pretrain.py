@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -31,24 +29,17 @@ from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
 from sapiens2.model import build_backbone, save_checkpoint
-from sapiens2.pretrain.augment import MultiCropAugment
-from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.dino import PROTOTYPES
-from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS, PretrainStudent, build_teacher, ema_update, teacher_output
+from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher
 from sapiens2.pretrain.monitors import collapse_verdict
-from sapiens2.pretrain.schedules import freeze_last_layer_steps, objective_schedules
+from sapiens2.pretrain.recipe import PretrainRecipe
+from sapiens2.pretrain.schedules import freeze_last_layer_steps
 from sapiens2.pretrain.selection import probe_and_choose
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
-from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
+from sapiens2.train.engine import init_distributed, initialize
 from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
-
-
-def step_generator(seed: int, step: int, rank: int, micro: int) -> torch.Generator:
-    """The random stream of one micro-batch: crops, masks and sample indices depend on nothing else."""
-    mixed = np.random.SeedSequence([seed, step, rank, micro]).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(mixed))
+from sapiens2.train.trainer import Trainer
 
 
 def build_student(config: PlatformConfig) -> PretrainStudent:
@@ -65,9 +56,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
     images, _ = load_split_images(curated_dir, "train", config.image_size)
 
     student = build_student(config)
-    teacher = build_teacher(student)
-    centering = Centering(obj.centering, obj.dino_out_dim, obj.patch_prototypes if obj.ibot_weight > 0 else None,
-                          obj.center_momentum, obj.sinkhorn_iterations)
+    teacher = build_teacher(student)  # before ZeRO-3 partitions the student's parameters
     frozen = freeze_last_layer_steps(obj, cfg.steps)
     groups = layerwise_param_groups(
         student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
@@ -75,70 +64,29 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
         frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0,
     )
     engine = initialize(student, groups, ds, cfg.optim)
-    teacher.to(engine.device)
-    centering.to(engine.device)
+    recipe = PretrainRecipe(engine, teacher, obj, images, config.image_size, ds.micro_batch_size, cfg.steps)
     full = config.to_dict()
     checkpoints = CheckpointManager.from_section(
         output_dir / "checkpoints", cfg.checkpoint,
         lineage.resume_identity({**full["pretrain"], "image_size": full["image_size"]}, world_size))
-    start, history = 0, {key: [] for key in LOSS_KEYS + MONITOR_KEYS}
-    resumed = checkpoints.resume(engine)
-    if resumed is not None:
-        start, state = resumed
-        teacher.load_state_dict(state["teacher"])
-        centering.load_state_dict(state["centering"])
-        history = state["history"]
-
-    lrs = lr_schedule(cfg.optim, cfg.steps)
-    schedules = objective_schedules(obj, cfg.steps)
-    height, width = config.image_size
-    augment = MultiCropAugment(global_size=(height, width), local_size=(height // 2, width // 2), n_local=obj.n_local)
-    patch = student.backbone.patch_size
-    masker = MaskGenerator((height // patch, width // patch), obj.mask_ratio, obj.block_prob)
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "pretrain", lineage, config.to_dict()) as tracker:
+        trainer = Trainer(engine, recipe, lr_schedule(cfg.optim, cfg.steps), checkpoints, cfg.seed,
+                          ds.grad_accum_steps)
+        start = trainer.resume()
         log = StepLogger("pretrain", cfg.steps, start, pipes, enabled=rank == 0)
         log.resumed()
-        started = time.perf_counter()
-        for step in range(start, cfg.steps):
-            set_lr(engine, float(lrs[step]), step)
-            sums = dict.fromkeys(LOSS_KEYS + MONITOR_KEYS, 0.0)
-            for micro in range(ds.grad_accum_steps):
-                g = step_generator(cfg.seed, step, rank, micro)
-                idx = torch.randint(len(images), (ds.micro_batch_size,), generator=g)
-                crops = augment(images[idx.numpy()], g)
-                masks = [mask_to_indices(masker(ds.micro_batch_size, g)) for _ in crops["global_crops"]]
-                targets = teacher_output(teacher, crops["global_crops"], [masked for _, masked in masks],
-                                         centering, float(schedules["teacher_temp"][step]))
-                out = engine(
-                    [autocast_inputs(engine, c) for c in crops["global_crops"]],
-                    [autocast_inputs(engine, c) for c in crops["local_crops"]],
-                    [keep.to(engine.device) for keep, _ in masks], [masked.to(engine.device) for _, masked in masks],
-                    targets,
-                )
-                engine.backward(out["loss"])
-                engine.step()
-                for key in sums:
-                    sums[key] += float(out[key].detach()) / ds.grad_accum_steps
-            ema_update(teacher, engine.module, float(schedules["ema_momentum"][step]))
-            centering.update()
-            for key, value in sums.items():
-                history[key].append(value)
-            # Collapse monitors go to MLflow every step; the console gets every log_every-th.
-            tracker.log_metrics({**sums, "lr": float(lrs[step]), "ema_momentum": float(schedules["ema_momentum"][step]),
-                                 "teacher_temp": float(schedules["teacher_temp"][step])}, step + 1)
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                log(step, {key: sums[key] for key in ("loss", "loss_mae", "loss_cl", "loss_ibot", "teacher_entropy")})
-            if checkpoints.should_save(step + 1):
-                checkpoints.save(engine, step + 1, {"teacher": teacher.state_dict(), "centering": centering.state_dict(),
-                                                    "history": history})
-        seconds = time.perf_counter() - started
+        # Collapse monitors go to MLflow every step; the console gets every log_every-th.
+        trainer.hooks += [lambda step, metrics: tracker.log_metrics(metrics, step + 1),
+                          log.every(cfg.log_every, ("loss", "loss_mae", "loss_cl", "loss_ibot", "teacher_entropy"))]
+        history = trainer.fit(cfg.steps)
+        seconds = trainer.seconds
         weights = export_full_state_dict(engine)  # collective under ZeRO-3
 
         if rank == 0:
             trained = build_student(config)
             trained.load_state_dict(weights)
-            teacher.cpu()
+            teacher = recipe.teacher.cpu()
             output_dir.mkdir(parents=True, exist_ok=True)
             chosen, probes = probe_and_choose({"teacher": teacher.backbone, "student": trained.backbone},
                                               build_student(config).backbone, curated_dir, config.image_size)
@@ -163,7 +111,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
             (output_dir / "backbone.json").write_text(json.dumps(summary, indent=2))
             (output_dir / "history.json").write_text(json.dumps(history))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title="pretraining")
-            recon = mae_reconstruction_png(trained, images[:6], masker, output_dir / "mae_reconstruction.png")
+            recon = mae_reconstruction_png(trained, images[:6], recipe.masker, output_dir / "mae_reconstruction.png")
             tracker.log_artifacts([curves, recon, output_dir / "backbone.json", output_dir / "config.yaml"])
             probe_metrics = {f"probe.{name}.{key}": value for name, result in probes.items() for key, value in result.items()}
             tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics}, cfg.steps)

@@ -1,5 +1,6 @@
-"""torchrun worker for test_deepspeed_engine.py: trains a toy backbone + head with the sapiens2.train
-engine under ZeRO 1/2/3 in bf16 and writes what the test checks under --out (rank 0 only).
+"""torchrun worker for test_deepspeed_engine.py: trains a toy backbone + head through the platform's
+one loop (`sapiens2.train.trainer.Trainer`) under ZeRO 1/2/3 in bf16 and writes what the test
+checks under --out (rank 0 only).
 
 Phases, run in the order given (several per launch: starting DeepSpeed is the slow part):
   full    per stage: export at step 0, train 8 steps (checkpoint every 4, keep 1), export.
@@ -10,7 +11,8 @@ Phases, run in the order given (several per launch: starting DeepSpeed is the sl
           checkpoints, train to step 8, export.
   single  (plain `python`, no torchrun) per stage: train 4 steps on one rank; check that a
           config whose world_size differs from the job's is refused.
-Batches are a pure function of (seed, step, micro step, rank), so no RNG state is checkpointed.
+Batches are a pure function of (seed, step, rank, micro step) (`step_generator`), so no RNG state
+is checkpointed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import signal
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -29,9 +30,10 @@ from torch import nn
 
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict, full_fp32_parameters
 from sapiens2.train.config import DeepSpeedSection, OptimSection
-from sapiens2.train.engine import autocast_inputs, init_distributed, initialize, set_lr
+from sapiens2.train.engine import autocast_inputs, init_distributed, initialize
 from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
+from sapiens2.train.trainer import Trainer
 
 IN, DIM, OUT, DEPTH = 8, 384, 4, 2  # DIM*DIM > 1e5 so ZeRO-3 really partitions the block weights
 TOTAL_STEPS, CKPT_EVERY, CRASH_AFTER = 8, 4, 6
@@ -75,11 +77,26 @@ def layer_id(name: str) -> int:
     return DEPTH + 1
 
 
-def make_batch(step: int, micro: int, rank: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    seed = int(np.random.SeedSequence([DATA_SEED, step, micro, rank]).generate_state(1)[0])
-    x = torch.randn(batch_size, IN, generator=torch.Generator().manual_seed(seed))
-    teacher = torch.Generator().manual_seed(DATA_SEED)
-    return x, torch.tanh(x @ torch.randn(IN, OUT, generator=teacher))
+class ToyRecipe:
+    """Regress a fixed random map: the `Recipe` contract at its smallest (no state outside the engine)."""
+
+    def __init__(self, engine, batch_size: int) -> None:
+        self.engine, self.batch = engine, batch_size
+        self.target_map = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(DATA_SEED))
+
+    def loss(self, step: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        x = torch.randn(self.batch, IN, generator=generator)
+        y = torch.tanh(x @ self.target_map).to(self.engine.device)
+        return {"loss": F.mse_loss(self.engine(autocast_inputs(self.engine, x)).float(), y)}
+
+    def after_step(self, step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def train(stage: int, init_seed: int, root: Path, resume: bool, stop_after: int, kill: bool) -> dict:
@@ -99,40 +116,29 @@ def train(stage: int, init_seed: int, root: Path, resume: bool, stop_after: int,
     scales = {n: g["lr_scale"] for g in groups for n, p in model.named_parameters() if any(p is q for q in g["params"])}
 
     engine = initialize(model, groups, ds, OPTIM)
-    rank = dist.get_rank()
     manager = CheckpointManager(root, CKPT_EVERY, keep_last=1)
     report: dict = {"probe_names": probe_names, "lr_scales": scales, "frozen": frozen}
     if not resume:
         report["export_step0"] = export_full_state_dict(engine)
         report["init"] = init
-    start, client = 0, {"losses": []}
-    if resume:
-        start, client = manager.resume(engine)
-        report["resumed_step"], report["resumed_client_state"] = start, json.loads(json.dumps(client))
-    lrs = lr_schedule(OPTIM, TOTAL_STEPS)
-    for step in range(start, stop_after):
-        set_lr(engine, float(lrs[step]))
-        step_loss = torch.zeros((), device=engine.device)
-        for micro in range(ds.grad_accum_steps):
-            x, y = make_batch(step, micro, rank, ds.micro_batch_size)
-            loss = F.mse_loss(engine(autocast_inputs(engine, x)).float(), y.to(engine.device))
-            engine.backward(loss)
-            engine.step()
-            step_loss += loss.detach() / ds.grad_accum_steps
-        dist.all_reduce(step_loss)
-        client["losses"].append(step_loss.item() / dist.get_world_size())
+
+    def record_lrs(step: int, metrics: dict) -> None:
         report["group_lrs"] = [g["lr"] for g in engine.optimizer.param_groups]
-        if manager.should_save(step + 1):
-            manager.save(engine, step + 1, client)
         if kill and step + 1 == CRASH_AFTER:
             os.kill(os.getpid(), signal.SIGKILL)
-    report["losses"] = client["losses"]
+
+    trainer = Trainer(engine, ToyRecipe(engine, ds.micro_batch_size), lr_schedule(OPTIM, TOTAL_STEPS), manager,
+                      DATA_SEED, ds.grad_accum_steps, hooks=[record_lrs])
+    if resume:
+        report["resumed_step"] = trainer.resume()
+        report["resumed_client_state"] = json.loads(json.dumps(trainer.state_dict()))
+    report["losses"] = trainer.fit(stop_after)["loss"]
     report["export"] = export_full_state_dict(engine)
     params = dict(full_fp32_parameters(engine))
     full_here = torch.tensor(int({n: p.shape for n, p in params.items()} == shapes), device=engine.device)
     dist.all_reduce(full_here, op=dist.ReduceOp.MIN)
     report["fp32_params_full_on_all_ranks"] = bool(full_here)
-    if rank == 0:
+    if dist.get_rank() == 0:
         report["fp32_params_equal_export"] = all(torch.equal(p.cpu(), report["export"][n]) for n, p in params.items())
     return report
 

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO 1/2/3 in bf16 on CPU ranks (gloo) through sapiens2.train: training, per-group
+"""DeepSpeed ZeRO 1/2/3 in bf16 on CPU ranks (gloo) through sapiens2.train's Trainer: training, per-group
 learning rates, full fp32 export, pruning, and kill-and-resume reproducing the uninterrupted run
 bit for bit. The training itself runs in deepspeed_worker.py (see its docstring for the phases).
 """
@@ -106,7 +106,7 @@ def test_resume_after_kill_reproduces_uninterrupted_run(runs, stage: int) -> Non
     full = _load(out / f"zero{stage}" / "full.pt")
     resumed = _load(out / f"zero{stage}" / "resume.pt")
     assert resumed["resumed_step"] == CKPT_EVERY
-    assert resumed["resumed_client_state"]["losses"] == full["losses"][:CKPT_EVERY]
+    assert resumed["resumed_client_state"]["history"]["loss"] == full["losses"][:CKPT_EVERY]
     assert resumed["losses"] == full["losses"]
     assert list(resumed["export"]) == list(full["export"])
     for name, tensor in full["export"].items():
