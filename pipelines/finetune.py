@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from pipelines.config import PlatformConfig, load_config
-from pipelines.launch import StepLogger, parse_overrides, rank_zero_pipes, run_ranks, save_resolved
+from pipelines.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import loss_curves_png
 from sapiens2.data.dataset import CuratedDataset
@@ -129,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--from-scratch", action="store_true",
                        help="the control: the same recipe from the randomly initialised backbone")
     parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    add_launch_arguments(parser)
     args = parser.parse_args(argv)
 
     def backbone_path(config: PlatformConfig) -> Path | str:
@@ -142,15 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         pretrained = None if args.from_scratch or config.finetune.init_checkpoint else args.backbone
         train(config, args.task, args.curated, backbone_path(config), args.output, Lineage.from_env(args.curated, pretrained))
         return 0
-    config = load_config(args.config, parse_overrides(args.set))
+    config = resolve_config(args)
     path = backbone_path(config)
     if path != SCRATCH and not Path(path).is_file():
         raise SystemExit(f"sapiens2 finetune: backbone checkpoint {path} does not exist")
-    resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
     start_args = ["--from-scratch"] if args.from_scratch else ["--backbone", str(args.backbone)]
-    worker = ["--task", args.task, "--curated", str(args.curated), *start_args,
-              "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
-    return run_ranks("pipelines.finetune", config.finetune.deepspeed.world_size, worker)
+    return launch_ranks("pipelines.finetune", args, config, config.finetune.deepspeed.world_size,
+                        ["--task", args.task, "--curated", str(args.curated), *start_args])
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """How training programs are launched and how their ranks talk back.
 
 A training step runs as `python -m pipelines.<step> ...`: that launcher process resolves and saves
-the config, then starts `world_size` ranks through torchrun, or runs the single rank of a
-one-process world itself. Rank 0 alone reports to Dagster (Pipes), to MLflow and to the console;
+the config, then starts its node's share of the `world_size` ranks through torchrun (one launcher
+per node, `--nnodes/--node-rank/--master-addr`; the same command on a laptop and in the
+Kubernetes Job), or runs the single rank of a one-process world itself. Rank 0 alone reports to Dagster (Pipes), to MLflow and to the console;
 the other ranks only compute.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import os
@@ -16,37 +18,88 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-
-def torchrun_command(module: str, world_size: int, args: list[str]) -> list[str]:
-    """The command that starts `world_size` local ranks of `python -m module args`."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--standalone", f"--nproc_per_node={world_size}",
-        "-m", module, *args,
-    ]
+from pipelines.config import PlatformConfig, load_config
 
 
-def run_ranks(module: str, world_size: int, args: list[str]) -> int:
-    """Run the ranks in the foreground with this process's environment; returns the exit code.
+@dataclass(frozen=True)
+class Nodes:
+    """This launcher's place in the job: torchrun's static rendezvous at `master_addr:master_port`,
+    one launcher per node, each starting world_size / count local ranks."""
+
+    count: int = 1
+    rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+
+def torchrun_command(module: str, local_ranks: int, args: list[str], nodes: Nodes = Nodes()) -> list[str]:
+    """The command that starts this node's `local_ranks` ranks of `python -m module args`."""
+    if nodes.count == 1:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes.count}", f"--node_rank={nodes.rank}",
+                 f"--master_addr={nodes.master_addr}", f"--master_port={nodes.master_port}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={local_ranks}",
+            "-m", module, *args]
+
+
+def run_ranks(module: str, world_size: int, args: list[str], nodes: Nodes = Nodes()) -> int:
+    """Run this node's ranks in the foreground with this process's environment; returns the exit code.
 
     A world of one needs no rendezvous agent: its rank runs in this process (`module.main(args)`),
     which saves a torchrun agent and a second interpreter importing torch and DeepSpeed (about
     10 s a run here, a tenth of a demo fine-tuning). The rank sees the same arguments either way.
     """
+    if world_size % nodes.count:
+        raise ValueError(f"world_size {world_size} does not split evenly over {nodes.count} nodes")
     if world_size == 1:
         return importlib.import_module(module).main(args)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world_size)))
-    return subprocess.run(torchrun_command(module, world_size, args), env=env).returncode
+    local_ranks = world_size // nodes.count
+    # The cores split between this node's ranks, unless the caller chose a thread count.
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // local_ranks))
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    return subprocess.run(torchrun_command(module, local_ranks, args, nodes), env=env).returncode
 
 
 def save_resolved(config: dict[str, Any], path: Path) -> Path:
+    """Write the resolved config; atomic, since every node's launcher writes the same file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.replace(tmp, path)
     return path
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every training step shares: config, overrides, the node layout, the rank side."""
+    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. pretrain.steps=20")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes of a multi-node job, one launcher on each")
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1", help="where node 0 listens for the rendezvous")
+    parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+
+
+def resolve_config(args: argparse.Namespace) -> PlatformConfig:
+    """The run's config: `--config` with the `--set` overrides, validated (once, in the launcher)."""
+    return load_config(args.config, parse_overrides(args.set))
+
+
+def launch_ranks(module: str, args: argparse.Namespace, config: PlatformConfig, world_size: int,
+                 worker_args: list[str]) -> int:
+    """The launcher half of a training step (CLI, Dagster Pipes, DVC and the Kubernetes Job alike):
+    write the resolved `config` to `<output>/config.yaml` and start this node's ranks with
+    `worker_args` and `--rank-worker`; the ranks read that file and nothing else."""
+    resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    rank_args = [*worker_args, "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
+    return run_ranks(module, world_size, rank_args, nodes)
 
 
 class _Silent:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pipelines.config import PlatformConfig, load_config
-from pipelines.launch import StepLogger, parse_overrides, rank_zero_pipes, run_ranks, save_resolved
+from pipelines.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
 from pipelines.lineage import Lineage, RankZeroTracker
 from pipelines.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
@@ -128,18 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sapiens2 pretrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--curated", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--config", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. pretrain.steps=20")
-    parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    add_launch_arguments(parser)
     args = parser.parse_args(argv)
-    lineage = Lineage.from_env(args.curated)
     if args.rank_worker:
-        train(load_config(args.config), args.curated, args.output, lineage)
+        train(load_config(args.config), args.curated, args.output, Lineage.from_env(args.curated))
         return 0
-    config = load_config(args.config, parse_overrides(args.set))
-    resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
-    worker_args = ["--curated", str(args.curated), "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
-    return run_ranks("pipelines.pretrain", config.pretrain.deepspeed.world_size, worker_args)
+    config = resolve_config(args)
+    return launch_ranks("pipelines.pretrain", args, config, config.pretrain.deepspeed.world_size,
+                        ["--curated", str(args.curated)])
 
 
 if __name__ == "__main__":
