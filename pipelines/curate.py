@@ -50,6 +50,7 @@ import sapiens2.curation
 from pipelines.config import load_config
 from pipelines.dataset_stats import write_label_manifests
 from pipelines.lineage import Lineage, RankZeroTracker
+from pipelines.model_cache import fetch_remote_models
 from pipelines.plots import curation_scores_png
 from sapiens2.curation.config import CurationConfig
 from sapiens2.data.decode import decode_image
@@ -150,7 +151,11 @@ def _keypoints(data: bytes) -> Keypoints:
 
 @contextmanager
 def workers(config: CurationConfig) -> Iterator[Pool | None]:
-    """A process pool of ``config.workers`` filter chains, or None to run in this process."""
+    """A process pool of ``config.workers`` filter chains, or None to run in this process.
+
+    Remote (``s3://``) models are fetched into the local cache here, once, before any chain is
+    built: the library only opens local files."""
+    config = fetch_remote_models(config)
     if config.workers == 1:
         _init_worker(config)
         yield None

@@ -26,7 +26,7 @@ import numpy as np
 
 from sapiens2.curation.config import ClipModelConfig, CurationConfig
 from sapiens2.curation.model_store import resolve_model
-from sapiens2.curation.stages import Stage, register
+from sapiens2.curation.registry import Stage, register
 
 CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

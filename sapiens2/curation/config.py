@@ -159,7 +159,7 @@ class OnnxDetectorConfig(_Frozen):
     Model contract: one float32 NCHW input, RGB in [0, 1], ``input_size`` square, the image
     letterboxed into its top-left corner (aspect kept, the rest grey 114/255); first output
     (N, K, 6) rows ``[x1, y1, x2, y2, score, class]`` in input pixels, post-NMS, unused rows
-    with score 0. ``model`` is a local path or an ``s3://`` URI (``model_store.resolve_model``).
+    with score 0. ``model`` is a local path or an ``s3://`` URI (the curate step fetches it, ``pipelines.model_cache``).
     """
 
     model: str | None = Field(None, description="the .onnx file: local path or s3://bucket/key")
@@ -280,7 +280,7 @@ class CurationConfig(_Frozen):
     @field_validator("stages")
     @classmethod
     def _check_stages(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from sapiens2.curation.stages import STAGES  # the registry imports this module
+        from sapiens2.curation.registry import STAGES  # lazily: the stage modules import this one
 
         unknown = [name for name in value if name not in STAGES]
         if unknown:

@@ -3,7 +3,7 @@
 The HOG stage (``person``) misses small and partly hidden people and takes cats for people; a
 trained detector (YOLO, RT-DETR, ...) fixes both, and ONNX keeps the stage free of each
 detector's training code. The file comes from ``curation.onnx_person.model`` (a local path
-or ``s3://``, see ``model_store``); nothing downloads at run time.
+or ``s3://``, fetched into a local cache by the curate step before curation); nothing downloads at run time.
 
 Model contract (what an exporter must produce):
 
@@ -27,7 +27,7 @@ import numpy as np
 from sapiens2.curation.config import CurationConfig, OnnxDetectorConfig
 from sapiens2.curation.model_store import resolve_model
 from sapiens2.curation.packaged import onnx_session
-from sapiens2.curation.stages import Stage, register
+from sapiens2.curation.registry import Stage, register
 
 PAD = 114 / 255  # the letterbox grey of YOLO exports
 

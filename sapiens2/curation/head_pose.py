@@ -27,7 +27,7 @@ import numpy as np
 
 from sapiens2.curation.config import CurationConfig, HeadPoseConfig
 from sapiens2.curation.packaged import package_file, tflite_interpreter
-from sapiens2.curation.stages import Stage, register
+from sapiens2.curation.registry import Stage, register
 
 DETECTOR, MESH = "data/face_detection_short_range.tflite", "data/face_landmark.tflite"
 _DET_SIZE, _MESH_SIZE, _ROI_SCALE, _NMS_IOU = 128, 192, 1.5, 0.3

@@ -20,7 +20,7 @@ import numpy as np
 
 from sapiens2.curation.config import CurationConfig, OcrConfig
 from sapiens2.curation.packaged import onnx_session, package_file
-from sapiens2.curation.stages import Stage, register
+from sapiens2.curation.registry import Stage, register
 
 MODEL = "models/ch_PP-OCRv4_det_infer.onnx"
 _MAX_CANDIDATES = 1000  # RapidOCR's cap on contours per image

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from sapiens2.curation.config import CurationConfig
 from sapiens2.data.decode import decode_image
-from sapiens2.curation.stages import STAGES
+from sapiens2.curation.registry import STAGES
 
 # Score columns not worth a histogram: identifiers, hashes and the raw size (short_side says it).
 _NOT_PLOTTED = {"phash", "sha256", "width", "height"}

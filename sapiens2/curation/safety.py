@@ -18,7 +18,7 @@ import numpy as np
 
 from sapiens2.curation.config import CurationConfig, NudeNetClass
 from sapiens2.curation.packaged import onnx_session, package_file
-from sapiens2.curation.stages import Stage, register
+from sapiens2.curation.registry import Stage, register
 
 LABELS: tuple[str, ...] = get_args(NudeNetClass)
 

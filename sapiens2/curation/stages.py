@@ -1,19 +1,14 @@
-"""Pluggable curation stages and their registry.
-
-A stage scores a batch of decoded images into named columns and judges one image's scores into
-a verdict (None to keep, or a detail string saying why it goes). Scoring and judging are apart
-so the manifest keeps the evidence behind every verdict, and so a stage can batch its model
-calls (an ONNX or TFLite scorer runs one forward pass per batch) while judging stays per row.
+"""The built-in curation stages (size, phash, quality, text overlay, person) and `build_stages`.
 
 ``CurationConfig.stages`` names the stages in the order they run; an image stops at the first
-stage that rejects it, so cheap stages go first. New stages register with ``@register``.
+stage that rejects it, so cheap stages go first. New stages register with ``@register``
+(`sapiens2.curation.registry`); the model-backed ones live in their own modules.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -21,59 +16,11 @@ from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.dedup import PhashScorer
 from sapiens2.curation.person import PersonDetector
 from sapiens2.curation.quality import QualityScorer
-from sapiens2.curation.scorer import Scorer
+from sapiens2.curation.registry import STAGES, ScorerStage, Stage, register
 from sapiens2.curation.size import SizeScorer
 from sapiens2.curation.text import TextOverlayScorer
 
-
-class Stage(ABC):
-    """One curation step: ``score`` a batch, ``judge`` one row of scores.
-
-    ``reason`` is the manifest reason a rejection records (None for a score-only stage) and
-    ``columns`` the score columns it fills, all of them for every image it scores.
-    """
-
-    name: ClassVar[str]
-    reason: ClassVar[str | None]
-    columns: ClassVar[tuple[str, ...]]
-    # The short side (px) this stage's scores need at most; None = full resolution. When every
-    # stage (and the embedder) names one, JPEGs are decoded in Pillow's reduced draft mode.
-    input_side: int | None = None
-
-    @abstractmethod
-    def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
-        """Column name -> one value per image, in input order."""
-
-    def score_decoded(self, images: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]]) -> dict[str, list[Any]]:
-        """What the chain calls: ``sizes`` are the files' upright (width, height), which a draft
-        decode may have shrunk the arrays below; only stages about the file's size need them."""
-        return self.score(images)
-
-    def judge(self, scores: Mapping[str, Any]) -> str | None:
-        """None keeps the image; a string rejects it and says why (the manifest's ``detail``)."""
-        return None
-
-
-class ScorerStage(Stage):
-    """A stage over a per-image ``Scorer``: score each image of the batch, gather columns."""
-
-    def __init__(self, scorer: Scorer) -> None:
-        self.scorer = scorer
-
-    def score(self, images: Sequence[np.ndarray]) -> dict[str, list[Any]]:
-        rows = [self.scorer(image) for image in images]
-        return {col: [row[col] for row in rows] for col in self.columns}
-
-
-STAGES: dict[str, Callable[[CurationConfig], Stage]] = {}
-
-
-def register(cls: type[Stage]) -> type[Stage]:
-    """Make ``cls`` selectable by its ``name`` in ``CurationConfig.stages``; built from the config."""
-    if cls.name in STAGES:
-        raise ValueError(f"stage {cls.name!r} is registered twice")
-    STAGES[cls.name] = cls
-    return cls
+__all__ = ["STAGES", "Stage", "build_stages", "register"]
 
 
 def build_stages(config: CurationConfig) -> list[Stage]:
@@ -166,8 +113,3 @@ class PersonStage(ScorerStage):
         if scores["num_persons"] < 1:
             return f"no prominent person (best HOG margin {scores['person_score']:.2f})"
         return None
-
-
-# Model-backed stages live in their own modules (heavy imports happen when a stage is built).
-from sapiens2.curation import clip, detector  # noqa: E402,F401  register their stages
-from sapiens2.curation import head_pose, ocr, safety  # noqa: E402,F401  register their stages

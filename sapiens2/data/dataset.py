@@ -23,9 +23,7 @@ from sapiens2.data.augment import Augment, hflip_sample, person_crop  # noqa: F4
 from sapiens2.data.decode import read_rgb
 from sapiens2.data.npz import open_npz
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize_images  # noqa: F401 (re-exported)
-from sapiens2.tasks import TASK_NAMES
-from sapiens2.tasks.pose import COCO_FLIP_PAIRS
-from sapiens2.tasks.seg import IGNORE_INDEX, SEG_FLIP
+from sapiens2.labels import COCO_FLIP_PAIRS, IGNORE_INDEX, SEG_FLIP, TASK_NAMES
 
 
 # Label arrays each task needs; mask, K and bbox are always read (small, shared by several).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sapiens2.labels import TASK_NAMES
 from sapiens2.tasks.albedo import AlbedoTask
 from sapiens2.tasks.base import Task
 from sapiens2.tasks.normal import NormalTask
@@ -19,7 +20,8 @@ TASKS: dict[str, type[Task]] = {
     "pointmap": PointmapTask,
     "albedo": AlbedoTask,
 }
-TASK_NAMES = tuple(TASKS)
+if tuple(TASKS) != TASK_NAMES:
+    raise ImportError(f"sapiens2.tasks.registry: tasks {tuple(TASKS)} differ from the label spaces' {TASK_NAMES}")
 
 
 def get_task(name: str, **settings: Any) -> Task:

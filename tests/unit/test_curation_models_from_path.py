@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 from skimage import data as skimage_data
 
 from pipelines import s3 as s3mod
+from pipelines.model_cache import fetch_model, fetch_remote_models
 from sapiens2.curation import CurationConfig, FilterChain, decode_image
 from sapiens2.curation.clip import import_open_clip, load_clip
 from sapiens2.curation.config import (AestheticConfig, ClipConfig, ClipModelConfig, EmbeddingConfig,
                                       OnnxDetectorConfig)
-from sapiens2.curation.model_store import resolve_model
 from sapiens2.curation.stages import build_stages
 from sapiens2.model.checkpoint import save_checkpoint
 from tests.integration.test_s3_upload import moto_s3  # noqa: F401  (fixture: moto S3 on a loopback port)
@@ -303,24 +303,31 @@ def test_models_load_from_s3_once_and_the_cache_is_reused(moto_s3, tiny_clip, br
     monkeypatch.setenv("SAPIENS2_MODEL_CACHE", str(tmp_path / "cache"))
     clip_uri = s3mod.upload_verified(tiny_clip["checkpoint"], "models/tiny_clip.safetensors", settings).uri
     onnx_uri = s3mod.upload_verified(bright_onnx, "models/bright.onnx", settings).uri
-    chain = _chain(("realism", "onnx_person"), clip=_clip(tiny_clip, checkpoint=clip_uri, min_realism=0.0),
-                   onnx_person=OnnxDetectorConfig(model=onnx_uri, input_size=64))
+    remote = CurationConfig(stages=("size", "phash", "realism", "onnx_person"), workers=1,
+                            clip=_clip(tiny_clip, checkpoint=clip_uri, min_realism=0.0),
+                            onnx_person=OnnxDetectorConfig(model=onnx_uri, input_size=64))
+    # The library opens local files only and says where remote ones are fetched.
+    with pytest.raises(ValueError, match=r"curation\.\w+\.\w+: s3://.* is remote; .*fetch_remote_models"):
+        FilterChain(remote)
+    local = fetch_remote_models(remote)
+    chain = FilterChain(local)
     cached = tmp_path / "cache" / settings.bucket / "team/run1/models/tiny_clip.safetensors"
     assert cached.read_bytes() == Path(tiny_clip["checkpoint"]).read_bytes()
+    assert local.clip.checkpoint == str(cached) and local.onnx_person.model.endswith("/models/bright.onnx")
     assert (tmp_path / "cache" / settings.bucket / "team/run1/models/bright.onnx").is_file()
     assert sorted(p.name for p in cached.parent.iterdir()) == ["bright.onnx", "tiny_clip.safetensors"]  # no partials
     row = chain.assess(photos["astronaut"])
     assert row["realism"] is not None and row["det_score"] is not None
     moto.stop()  # offline now: the cached file answers without S3
     try:
-        assert resolve_model(clip_uri, field="curation.clip.checkpoint") == cached
+        assert fetch_model(clip_uri, field="curation.clip.checkpoint") == cached
     finally:
         moto.start()
     with pytest.raises(FileNotFoundError, match=r"curation.clip.checkpoint: s3://.*/missing.safetensors does not exist"):
-        resolve_model(f"s3://{settings.bucket}/missing.safetensors", field="curation.clip.checkpoint")
+        fetch_model(f"s3://{settings.bucket}/missing.safetensors", field="curation.clip.checkpoint")
     # A download that does not match the object's recorded sha256 never lands in the cache.
     s3mod.client(settings).put_object(Bucket=settings.bucket, Key="models/bad.onnx", Body=b"not a model",
                                       Metadata={"sha256": "0" * 64})
     with pytest.raises(s3mod.UploadVerificationError, match="model: download of .*bad.onnx failed verification"):
-        resolve_model(f"s3://{settings.bucket}/models/bad.onnx")
+        fetch_model(f"s3://{settings.bucket}/models/bad.onnx")
     assert not list((tmp_path / "cache" / settings.bucket / "models").iterdir())

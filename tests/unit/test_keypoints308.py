@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sapiens2.face238 import FACE_NAMES, FACE_XY
-from sapiens2.keypoint_sets import get_keypoint_set
-from sapiens2.keypoints308 import (KEYPOINT308_FLIP_PAIRS, KEYPOINT308_GROUPS, KEYPOINT308_ID,
+from sapiens2.labels.face238 import FACE_NAMES, FACE_XY
+from sapiens2.labels.keypoint_sets import get_keypoint_set
+from sapiens2.labels.keypoints308 import (KEYPOINT308_FLIP_PAIRS, KEYPOINT308_GROUPS, KEYPOINT308_ID,
                                    KEYPOINT308_NAMES, KEYPOINT308_OKS_SIGMAS, KEYPOINT308_SKELETON,
                                    mirror_name)
 from sapiens2.labels import COCO_FLIP_PAIRS, COCO_KEYPOINT_NAMES, COCO_OKS_SIGMAS, COCO_SKELETON

@@ -13,7 +13,7 @@ from sapiens2.data.augment import Augment
 from sapiens2.data.dataset import CuratedDataset, collate
 from sapiens2.data.synth import render_person, write_sample
 from sapiens2.data.synth.labels import KEYPOINT308_SEG_CLASSES, KEYPOINT_SEG_CLASSES
-from sapiens2.keypoints308 import KEYPOINT308_FLIP_PAIRS, KEYPOINT308_GROUPS, KEYPOINT308_NAMES
+from sapiens2.labels.keypoints308 import KEYPOINT308_FLIP_PAIRS, KEYPOINT308_GROUPS, KEYPOINT308_NAMES
 from sapiens2.labels import SEG_CLASSES, SEG_FLIP
 from sapiens2.tasks import get_task
 

@@ -18,7 +18,7 @@ from PIL import Image
 from sapiens2.data.formats.common import (check_sample, images_by_stem, mask_bbox, read_rgb,
                                           require, unique_ids, write_png)
 from sapiens2.labels import SEG_CLASSES
-from sapiens2.tasks.seg import IGNORE_INDEX
+from sapiens2.labels import IGNORE_INDEX
 
 
 def read_label_map(path: Path) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sapiens2.keypoints308 import KEYPOINT308_NAMES
+from sapiens2.labels.keypoints308 import KEYPOINT308_NAMES
 from sapiens2.labels import COCO_FLIP_PAIRS, COCO_KEYPOINT_NAMES, COCO_SKELETON, SEG_CLASSES
 from sapiens2.labels import SEG_FLIP as _SEG_FLIP
 

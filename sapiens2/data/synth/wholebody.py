@@ -15,8 +15,8 @@ import numpy as np
 from sapiens2.data.synth.body import _FACE_OWNERS, SIDES, Keypoints3D, Skeleton, keypoints_3d
 from sapiens2.data.synth.pose import BodyShape
 from sapiens2.data.synth.primitives import Ellipsoid, Shape
-from sapiens2.face238 import FACE_XY
-from sapiens2.keypoints308 import FINGERS
+from sapiens2.labels.face238 import FACE_XY
+from sapiens2.labels.keypoints308 import FINGERS
 
 # Finger joints (base to tip) on the back of the hand ellipsoid, in its unit coordinates:
 # y runs along the hand (fingers towards -y), z across it (thumb side +z), x through the palm.
@@ -49,7 +49,7 @@ def _hand_units(sign: float) -> np.ndarray:
 
 
 def keypoints308_3d(sk: Skeleton, shape: BodyShape, shapes: list[Shape]) -> Keypoints3D:
-    """The 308 keypoints in the body frame (sapiens2.keypoints308 order) from the posed
+    """The 308 keypoints in the body frame (sapiens2.labels.keypoints308 order) from the posed
     skeleton and the shapes `build_shapes` made for it."""
     by_name = {s.name: s for s in shapes if s.name not in ("hair", "hat", "glasses", "bag")}
     coco = keypoints_3d(sk, shape)

@@ -1,8 +1,14 @@
 """Label spaces shared by the tasks, the synthetic generator and the data checks (one definition).
 
-Body-part classes are the 29 of the Sapiens2 segmentation head (left/right are the person's own);
-keypoints are the 17 COCO body keypoints with their OKS sigmas, limbs and left/right flip pairs.
+The five label kinds a curated dataset carries (one per task); body-part classes are the 29 of
+the Sapiens2 segmentation head (left/right are the person's own), pixels without a label carry
+`IGNORE_INDEX`; keypoints are the 17 COCO body keypoints with their OKS sigmas, limbs and
+left/right flip pairs. The 308-keypoint and 238-point face sets are the sibling modules.
+`sapiens2.data` and `sapiens2.tasks` both read labels from here; `data` imports nothing of `tasks`.
 """
+
+# The order the platform runs and reports tasks in; `sapiens2.tasks.registry` maps each to its task.
+TASK_NAMES: tuple[str, ...] = ("pose", "seg", "normal", "pointmap", "albedo")
 
 SEG_CLASSES: tuple[str, ...] = (
     "Background", "Apparel", "Eyeglass", "Face_Neck", "Hair",
@@ -26,6 +32,7 @@ def mirror_class_map(names: tuple[str, ...]) -> tuple[int, ...]:
 
 
 SEG_FLIP: tuple[int, ...] = mirror_class_map(SEG_CLASSES)
+IGNORE_INDEX = 255  # a seg pixel without a label: no loss, not scored
 
 COCO_KEYPOINT_NAMES: tuple[str, ...] = (
     "nose", "left_eye", "right_eye", "left_ear", "right_ear",

@@ -10,7 +10,7 @@ Order (facts, section 4): 17 body, 6 foot, 2 x 20 hands, 7 extra, 238 face.
   hand root) is the body wrist here;
 - extra 63-69: olecranon (back of the elbow), cubital fossa (inner elbow) and acromion
   (shoulder tip) per side, then the neck;
-- face 70-307: the 238 landmarks of `sapiens2.face238` (first its 68 iBUG points).
+- face 70-307: the 238 landmarks of `sapiens2.labels.face238` (first its 68 iBUG points).
 
 OKS sigmas are COCO-WholeBody's wherever a point has a COCO-WholeBody counterpart (body, foot,
 hand, the 68 iBUG face points) and 0.010 elsewhere. Left/right are the person's own and the flip
@@ -19,7 +19,7 @@ pairs follow from the names (left <-> right), as `mirror_class_map` does for par
 
 from __future__ import annotations
 
-from sapiens2.face238 import FACE_NAMES, NUM_IBUG, WHOLEBODY_FACE_SIGMAS
+from sapiens2.labels.face238 import FACE_NAMES, NUM_IBUG, WHOLEBODY_FACE_SIGMAS
 from sapiens2.labels import COCO_KEYPOINT_NAMES, COCO_OKS_SIGMAS, COCO_SKELETON
 
 DEFAULT_SIGMA = 0.010

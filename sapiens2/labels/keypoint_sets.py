@@ -1,7 +1,7 @@
 """Named keypoint sets: everything a pose task, dataset or generator needs to know about one.
 
 "coco17" is the 17 COCO body keypoints the demo recipe trains on; "sapiens308" is the
-whole-body set of the reference models (`sapiens2.keypoints308`). `eval_groups` are the subsets
+whole-body set of the reference models (`sapiens2.labels.keypoints308`). `eval_groups` are the subsets
 OKS AP is reported for besides the whole set, each scored with its own sigmas.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sapiens2 import keypoints308 as k308
+from sapiens2.labels import keypoints308 as k308
 from sapiens2.labels import COCO_FLIP_PAIRS, COCO_KEYPOINT_NAMES, COCO_OKS_SIGMAS, COCO_SKELETON
 
 
