@@ -17,10 +17,10 @@ import dagster as dg
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from pipelines import tracking
-from pipelines.config import TASK_NAMES, load_config
-from pipelines.promote import Production
-from pipelines.workspace import PROJECT_ROOT, Workspace
+from pipelines.common import tracking
+from pipelines.common.config import TASK_NAMES, load_config
+from pipelines.common.model_registry import Production
+from pipelines.common.workspace import PROJECT_ROOT, Workspace
 
 
 def end_to_end_job() -> dg.JobDefinition:

@@ -13,10 +13,11 @@ from assets import metadata
 from assets.curation import TRANSIENT
 from assets.resources import WORKSPACE_WRITER, DvcResource, PlatformResource
 from assets.training import finetuned_models, pretrained_backbone, scratch_models
-from pipelines import tracking
-from pipelines.config import TASK_NAMES
-from pipelines.lineage import Lineage, dvc_hash
-from pipelines.promote import Production, Request, promote
+from pipelines.common import tracking
+from pipelines.common.config import TASK_NAMES
+from pipelines.common.lineage import Lineage, dvc_hash
+from pipelines.common.model_registry import Production, Request
+from pipelines.promote import promote
 from pipelines.register import gated_out, register_all
 from pipelines.rollback import rollback
 

@@ -10,11 +10,11 @@ from typing import Any, Optional
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from pipelines.config import PlatformConfig, load_config
-from pipelines.launch import save_resolved
-from pipelines.services import ServiceSettings
-from pipelines.version import DvcWorkspace
-from pipelines.workspace import Workspace
+from pipelines.common.config import PlatformConfig, load_config
+from pipelines.common.launch import save_resolved
+from pipelines.common.services import ServiceSettings
+from pipelines.common.version import DvcWorkspace
+from pipelines.common.workspace import Workspace
 
 
 # Run tag of the jobs that write the shared workspace and registry: dagster.yaml (and the Helm

@@ -19,9 +19,9 @@ import mlflow
 from assets import metadata
 from assets.curation import versioned_dataset
 from assets.resources import DvcResource, PlatformResource
-from pipelines import s3 as s3store
-from pipelines import tracking
-from pipelines.config import TASK_NAMES
+from pipelines.common import s3 as s3store
+from pipelines.common import tracking
+from pipelines.common.config import TASK_NAMES
 
 TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 # One training program at a time: each already uses every core of its node. The `training` pool

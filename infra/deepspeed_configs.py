@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.config import PlatformConfig
+from pipelines.common.config import PlatformConfig
 from sapiens2.train.config import DeepSpeedSection
 from sapiens2.train.engine import build_deepspeed_config
 

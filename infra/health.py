@@ -15,7 +15,7 @@ from collections.abc import Callable
 import boto3
 from botocore.config import Config
 
-from pipelines.services import ServiceSettings
+from pipelines.common.services import ServiceSettings
 
 Check = Callable[[ServiceSettings], tuple[bool, str]]
 

@@ -7,7 +7,7 @@ For each task the champion `models:/<prefix>-<task>-production@champion` (or the
 `$SAPIENS2_PRODUCTION_REGISTRY_URI`) is served with the local env manager on 127.0.0.1 and a free
 port; once `/ping` answers, one synthetic person image goes to `/invocations` as
 `{"inputs": [[[[r, g, b], ...]]]}` (uint8, (N, H, W, 3), any size), and the answer is checked against
-the task's output contract (`pipelines.serving`) and the shape the model's signature declares.
+the task's output contract (`pipelines.common.serving`) and the shape the model's signature declares.
 Each server runs in its own process group, stopped by pid when its check is done.
 """
 
@@ -32,10 +32,10 @@ import numpy as np
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from pipelines.config import TASK_NAMES, load_config
-from pipelines.promote import CHAMPION, Production
-from pipelines.tracking import tracking_uri_for
-from pipelines.workspace import Workspace
+from pipelines.common.config import TASK_NAMES, load_config
+from pipelines.common.model_registry import CHAMPION, Production
+from pipelines.common.tracking import tracking_uri_for
+from pipelines.common.workspace import Workspace
 from sapiens2.data.synth.person import render_person
 
 BIN = Path(sys.executable).parent

@@ -6,7 +6,7 @@ its artifacts on S3, Dagster's webserver and daemon.
     python -m infra.stack status
     python -m infra.stack down     # stops only the processes `up` started
 
-Settings come from `pipelines.services` (environment over `infra/stack.env`). Each service runs
+Settings come from `pipelines.common.services` (environment over `infra/stack.env`). Each service runs
 in its own process group; its pid, command and log are under the state folder (`.stack/`, or
 `$SAPIENS2_STACK_DIR`), so `down` signals exactly those groups and nothing else. `up` fails
 with the service's log tail when a port is taken, a process exits, or a health check times out,
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import health
-from pipelines.services import ServiceSettings, redact
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.services import ServiceSettings, redact
+from pipelines.common.workspace import PROJECT_ROOT
 
 BIN = Path(sys.executable).parent
 
@@ -69,7 +69,7 @@ def client_env(settings: ServiceSettings) -> dict[str, str]:
     env = settings.with_endpoint(endpoint).aws_env()
     env["MLFLOW_TRACKING_URI"] = f"http://{settings.host}:{settings.mlflow_port}"
     env["SAPIENS2_DVC_REMOTE"] = settings.s3_uri("dvc")
-    env["SAPIENS2_CHECKPOINT_STORE"] = settings.s3_uri("checkpoints")  # final weights, verified (pipelines/s3.py)
+    env["SAPIENS2_CHECKPOINT_STORE"] = settings.s3_uri("checkpoints")  # final weights, verified (pipelines/common/s3.py)
     env["DAGSTER_HOME"] = str(dagster_home())
     return env
 

@@ -47,17 +47,17 @@ from rich.table import Table
 from tqdm import tqdm
 
 import sapiens2.curation
-from pipelines.config import load_config
-from pipelines.dataset_stats import write_label_manifests
-from pipelines.lineage import Lineage, RankZeroTracker
-from pipelines.model_cache import fetch_remote_models
-from pipelines.plots import curation_scores_png
+from pipelines.common.config import load_config
+from pipelines.common.dataset_stats import write_label_manifests
+from pipelines.common.lineage import Lineage, RankZeroTracker
+from pipelines.common.model_cache import fetch_remote_models
+from pipelines.common.plots import curation_scores_png
 from sapiens2.curation.config import CurationConfig
 from sapiens2.data.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
 from sapiens2.curation.passes import balance, deduplicate
-from sapiens2.curation.pool import PoolShards, list_inputs, regular_files, shard_pool
+from sapiens2.curation.pool import PoolShards, list_inputs, shard_pool
 from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
@@ -86,32 +86,6 @@ class CurationSummary:
     @property
     def images_per_second(self) -> float:
         return self.n_inputs / self.seconds if self.seconds > 0 else float("inf")
-
-
-def fetch_raw_pool(source: str, dest: str | Path) -> int:
-    """Replace `dest` with the raw pool at `source` (`s3://bucket/prefix` or a local folder), its
-    images under `dest/images/` (a source without an `images/` folder is all images); returns the
-    number of input files. The copy is staged beside `dest` and moved into place when complete."""
-    dest = Path(dest)
-    staging = dest.with_name(f".{dest.name}.fetching")
-    shutil.rmtree(staging, ignore_errors=True)
-    if source.startswith("s3://"):
-        from pipelines.s3 import download_prefix
-
-        download_prefix(source, staging)
-    elif Path(source).is_dir():
-        regular_files(Path(source))  # refuses links before copying: copytree would follow them
-        shutil.copytree(source, staging)
-    else:
-        raise FileNotFoundError(f"raw_source {source!r}: neither an s3:// URI nor a folder")
-    if not (staging / "images").is_dir():
-        entries = list(staging.iterdir())
-        (staging / "images").mkdir()
-        for entry in entries:
-            entry.rename(staging / "images" / entry.name)
-    shutil.rmtree(dest, ignore_errors=True)
-    staging.rename(dest)
-    return len(list_inputs(dest))
 
 
 def assign_split(image_id: str, val_fraction: float) -> str:

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.config import TASK_NAMES, PlatformConfig, load_config
-from pipelines.eval_report import TaskEvaluation, markdown_table
-from pipelines.finetune import initial_model
-from pipelines.lineage import Lineage, RankZeroTracker
-from pipelines.plots import image_grid_png
-from pipelines.serving import load_task_model
+from pipelines.common.config import TASK_NAMES, PlatformConfig, load_config
+from pipelines.common.eval_report import TaskEvaluation, markdown_table
+from pipelines.common.task_models import initial_model
+from pipelines.common.lineage import Lineage, RankZeroTracker
+from pipelines.common.plots import image_grid_png
+from pipelines.common.serving import load_task_model
 from sapiens2.data.dataset import CuratedDataset, collate
 from sapiens2.tasks import Task, TaskModel, get_task
 from sapiens2.tasks.baselines import fit_baselines

@@ -16,44 +16,20 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from pipelines.config import PlatformConfig, load_config
-from pipelines.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
-from pipelines.lineage import Lineage, RankZeroTracker
-from pipelines.plots import loss_curves_png
+from pipelines.common.config import PlatformConfig, load_config
+from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
+from pipelines.common.lineage import Lineage, RankZeroTracker
+from pipelines.common.plots import loss_curves_png
+from pipelines.common.task_models import SCRATCH, backbone_weights, initial_model
 from sapiens2.data.dataset import CuratedDataset
-from sapiens2.model import build_backbone, load_checkpoint, save_checkpoint
-from sapiens2.tasks import TASK_NAMES, TaskModel, build_task_model
-from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
+from sapiens2.model import save_checkpoint
+from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.recipe import FinetuneRecipe
+from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
 from sapiens2.train.engine import init_distributed, initialize
 from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
 from sapiens2.train.trainer import Trainer
-
-
-# `backbone_init` of a from-scratch control: the backbone starts from its seeded random init.
-SCRATCH = "scratch"
-
-
-def backbone_weights(config: PlatformConfig, backbone_dir: Path) -> Path:
-    """The backbone fine-tuning starts from: a published checkpoint if configured, else ours."""
-    if config.finetune.init_checkpoint:
-        return Path(config.finetune.init_checkpoint)
-    return backbone_dir / "backbone.safetensors"
-
-
-def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) -> TaskModel:
-    """Backbone weights from `backbone_path` (or, for `SCRATCH`, the seeded random init the
-    pretraining run started from) plus a freshly initialised head (seeded): the model fine-tuning
-    starts from, and the untrained-head baseline evaluation compares against."""
-    torch.manual_seed(config.pretrain.seed)
-    backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
-    if str(backbone_path) != SCRATCH:
-        load_checkpoint(backbone, Path(backbone_path))
-    torch.manual_seed(config.finetune.seed)
-    return build_task_model(task, backbone, **config.task_settings(task))
 
 
 def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path | str, output_dir: Path,

@@ -22,9 +22,9 @@ import cv2
 import mlflow
 import numpy as np
 
-from pipelines import tracking
-from pipelines.serving import load_task_model, predict_images
-from pipelines.workspace import Workspace
+from pipelines.common import tracking
+from pipelines.common.serving import load_task_model, predict_images
+from pipelines.common.workspace import Workspace
 from sapiens2.data.formats.common import read_rgb, write_png
 from sapiens2.labels.keypoint_sets import get_keypoint_set
 from sapiens2.tasks import TASK_NAMES, get_task

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipelines.config import PlatformConfig, load_config
-from pipelines.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
-from pipelines.lineage import Lineage, RankZeroTracker
-from pipelines.plots import loss_curves_png, mae_reconstruction_png
+from pipelines.common.config import PlatformConfig, load_config
+from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
+from pipelines.common.lineage import Lineage, RankZeroTracker
+from pipelines.common.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
 from sapiens2.model import build_backbone, save_checkpoint
 from sapiens2.pretrain.dino import PROTOTYPES

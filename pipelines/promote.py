@@ -17,61 +17,21 @@ racing promotions are serialised: each judges against the champion the other lef
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import math
-import os
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from pipelines.registry_lock import registry_lock
-from pipelines.tracking import tracking_uri_for
-from pipelines.workspace import Workspace
-
-CHAMPION = "champion"
-PREVIOUS = "previous"
-SPLIT_TAG = "eval.split_id"
-PRODUCTION_SUFFIX = "-production"
-DEMOTED_TAG = "rollback.demoted"
-GATE_PASSED_TAG = "eval.gate.passed"
-GATE_REASON_TAG = "eval.gate.reason"
-
-
-@dataclass(frozen=True)
-class Production:
-    """Where gated versions go: a registered model, in the development or a separate registry."""
-
-    name: str
-    client: MlflowClient
-
-    @classmethod
-    def for_model(cls, dev_name: str, dev_client: MlflowClient) -> Production:
-        uri = os.environ.get("SAPIENS2_PRODUCTION_REGISTRY_URI")
-        if uri:
-            return cls(dev_name, MlflowClient(tracking_uri=uri, registry_uri=uri))
-        return cls(f"{dev_name}{PRODUCTION_SUFFIX}", dev_client)
-
-
-@dataclass(frozen=True)
-class Request:
-    """Who asked for a promotion or rollback, why, and from which evaluation and Dagster run."""
-
-    reason: str
-    requested_by: str = field(default_factory=getpass.getuser)
-    evaluation_run: str = ""
-    dagster_run_id: str = ""
-
-    def tags(self, prefix: str) -> dict[str, str]:
-        return {f"{prefix}.by": self.requested_by, f"{prefix}.at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                f"{prefix}.reason": self.reason, f"{prefix}.evaluation_run": self.evaluation_run or "none",
-                f"{prefix}.dagster_run_id": self.dagster_run_id or "none"}
-
+from pipelines.common.model_registry import (CHAMPION, DEMOTED_TAG, GATE_PASSED_TAG, GATE_REASON_TAG, PREVIOUS,
+                                             PRODUCTION_SUFFIX, SPLIT_TAG, Production, Request)
+from pipelines.common.registry_lock import registry_lock
+from pipelines.common.tracking import tracking_uri_for
+from pipelines.common.workspace import Workspace
 
 @dataclass(frozen=True)
 class PromotionDecision:

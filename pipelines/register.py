@@ -27,12 +27,12 @@ from mlflow.types import Schema, TensorSpec
 
 import pipelines
 import sapiens2
-from pipelines import tracking
-from pipelines.config import TASK_NAMES, PlatformConfig, load_config
-from pipelines.lineage import Lineage, dvc_hash
-from pipelines.promote import GATE_PASSED_TAG, GATE_REASON_TAG
-from pipelines.serving import TaskPyfunc, load_task_model, predict_images
-from pipelines.workspace import Workspace
+from pipelines.common import tracking
+from pipelines.common.config import TASK_NAMES, PlatformConfig, load_config
+from pipelines.common.lineage import Lineage, dvc_hash
+from pipelines.common.model_registry import GATE_PASSED_TAG, GATE_REASON_TAG
+from pipelines.common.serving import TaskPyfunc, load_task_model, predict_images
+from pipelines.common.workspace import Workspace
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 from mlflow import MlflowClient
 
-from pipelines.promote import CHAMPION, DEMOTED_TAG, PREVIOUS, Production, Request
-from pipelines.registry_lock import registry_lock
-from pipelines.tracking import tracking_uri_for
-from pipelines.workspace import Workspace
+from pipelines.common.model_registry import CHAMPION, DEMOTED_TAG, PREVIOUS, Production, Request
+from pipelines.common.registry_lock import registry_lock
+from pipelines.common.tracking import tracking_uri_for
+from pipelines.common.workspace import Workspace
 
 
 class RollbackError(RuntimeError):

@@ -9,9 +9,35 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.config import PlatformConfig, load_config
-from pipelines.curate import fetch_raw_pool
+from pipelines.common.config import PlatformConfig, load_config
+from sapiens2.curation.pool import list_inputs, regular_files
 from sapiens2.data.synth import generate_pool
+
+
+def fetch_raw_pool(source: str, dest: str | Path) -> int:
+    """Replace `dest` with the raw pool at `source` (`s3://bucket/prefix` or a local folder), its
+    images under `dest/images/` (a source without an `images/` folder is all images); returns the
+    number of input files. The copy is staged beside `dest` and moved into place when complete."""
+    dest = Path(dest)
+    staging = dest.with_name(f".{dest.name}.fetching")
+    shutil.rmtree(staging, ignore_errors=True)
+    if source.startswith("s3://"):
+        from pipelines.common.s3 import download_prefix
+
+        download_prefix(source, staging)
+    elif Path(source).is_dir():
+        regular_files(Path(source))  # refuses links before copying: copytree would follow them
+        shutil.copytree(source, staging)
+    else:
+        raise FileNotFoundError(f"raw_source {source!r}: neither an s3:// URI nor a folder")
+    if not (staging / "images").is_dir():
+        entries = list(staging.iterdir())
+        (staging / "images").mkdir()
+        for entry in entries:
+            entry.rename(staging / "images" / entry.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+    return len(list_inputs(dest))
 
 
 def synthesize(output_dir: Path, config: PlatformConfig) -> pd.DataFrame:

@@ -5,7 +5,7 @@ Three kinds of table are validated:
 - a one-row count table tying the manifest to the files on disk (`build_counts`),
 - one per-image statistics table per task (`build_label_manifests`, recomputed from the label
   files; the curation step writes the same tables as `labels/<task>.parquet`, validation writes
-  nothing into the dataset it checks); both builders live in `pipelines.dataset_stats`.
+  nothing into the dataset it checks); both builders live in `pipelines.common.dataset_stats`.
 
 `validate_curated` returns one `SuiteResult` per suite; the Dagster asset checks block on
 `success` and the failed expectations become check metadata and MLflow tags.
@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipelines.dataset_stats import (
+from pipelines.common.dataset_stats import (
     NUM_KEYPOINTS,
     NUM_SEG_CLASSES,
     TASKS,
     build_counts,
     build_label_manifests,
 )
-from pipelines.config import load_config
-from pipelines.workspace import Workspace
+from pipelines.common.config import load_config
+from pipelines.common.workspace import Workspace
 
 # GX sends usage analytics unless this is off, and reads the flag when it is imported.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")

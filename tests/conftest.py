@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.workspace import PROJECT_ROOT
 
 # A recipe small enough for a test yet running every stage for real (2 DeepSpeed ranks included).
 SMALL_RECIPE = {

@@ -159,7 +159,7 @@ class OnnxDetectorConfig(_Frozen):
     Model contract: one float32 NCHW input, RGB in [0, 1], ``input_size`` square, the image
     letterboxed into its top-left corner (aspect kept, the rest grey 114/255); first output
     (N, K, 6) rows ``[x1, y1, x2, y2, score, class]`` in input pixels, post-NMS, unused rows
-    with score 0. ``model`` is a local path or an ``s3://`` URI (the curate step fetches it, ``pipelines.model_cache``).
+    with score 0. ``model`` is a local path or an ``s3://`` URI (the curate step fetches it, ``pipelines.common.model_cache``).
     """
 
     model: str | None = Field(None, description="the .onnx file: local path or s3://bucket/key")

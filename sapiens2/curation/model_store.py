@@ -1,7 +1,7 @@
 """Where curation model files come from: a local path the config names.
 
 Curation never downloads weights at run time. Remote (``s3://``) models are fetched into a
-local cache by the pipeline step before curation starts (`pipelines.model_cache`), so the
+local cache by the pipeline step before curation starts (`pipelines.common.model_cache`), so the
 library opens local files only and needs no S3 client.
 """
 
@@ -15,7 +15,7 @@ def resolve_model(uri: str | Path, *, field: str = "model") -> Path:
     text = str(uri)
     if "://" in text:
         raise ValueError(f"{field}: {text} is remote; fetch remote models into the local cache first "
-                         "(pipelines.model_cache.fetch_remote_models, which the curate step runs)")
+                         "(pipelines.common.model_cache.fetch_remote_models, which the curate step runs)")
     path = Path(text).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{field}: model file {path} does not exist" if not path.exists()

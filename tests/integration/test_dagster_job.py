@@ -13,9 +13,9 @@ from mlflow import MlflowClient
 from assets.curation import curated_dataset, curated_expectations, raw_pool, versioned_dataset
 from assets.definitions import ALL_ASSETS, ALL_CHECKS, defs
 from assets.resources import DvcResource, PlatformResource
-from pipelines import dataset_stats, tracking
-from pipelines.config import TASK_NAMES
-from pipelines.version import DvcWorkspace
+from pipelines.common import dataset_stats, tracking
+from pipelines.common.config import TASK_NAMES
+from pipelines.common.version import DvcWorkspace
 
 RESOURCES = {"platform": PlatformResource(), "dvc": DvcResource(), "pipes_subprocess_client": dg.PipesSubprocessClient()}
 

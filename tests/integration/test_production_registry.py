@@ -12,8 +12,9 @@ import pytest
 from mlflow import MlflowClient
 
 from pipelines import promote as promote_mod
-from pipelines.promote import DEMOTED_TAG, Production, Request, promote
-from pipelines.registry_lock import RegistryLockTimeout, registry_lock
+from pipelines.common.model_registry import DEMOTED_TAG, Production, Request
+from pipelines.promote import promote
+from pipelines.common.registry_lock import RegistryLockTimeout, registry_lock
 from pipelines.rollback import RollbackError, rollback
 
 

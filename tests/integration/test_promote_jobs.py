@@ -13,8 +13,8 @@ from mlflow import MlflowClient
 from assets.definitions import defs
 from assets.registry import champion_models
 from assets.resources import PlatformResource
-from pipelines import tracking
-from pipelines.config import TASK_NAMES
+from pipelines.common import tracking
+from pipelines.common.config import TASK_NAMES
 
 TASK = "seg"
 

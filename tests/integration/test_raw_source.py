@@ -11,9 +11,10 @@ import pytest
 
 from assets.curation import raw_pool
 from assets.resources import DvcResource, PlatformResource
-from pipelines import s3 as s3mod
-from pipelines.curate import curate, fetch_raw_pool
-from pipelines.services import ServiceSettings
+from pipelines.common import s3 as s3mod
+from pipelines.curate import curate
+from pipelines.synth import fetch_raw_pool
+from pipelines.common.services import ServiceSettings
 from sapiens2.curation.config import CurationConfig
 from sapiens2.data.synth import generate_pool
 from tests.conftest import SMALL_RECIPE, make_workspace

@@ -123,7 +123,7 @@ def _reused(result: dg.ExecuteInProcessResult) -> list[str]:
 
 @pytest.mark.slow
 def test_a_task_that_failed_its_gate_is_not_registered(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines import tracking
+    from pipelines.common import tracking
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = workspace / "reports" / "eval" / "metrics.json"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from pipelines import s3 as s3mod
-from pipelines.services import ServiceSettings
+from pipelines.common import s3 as s3mod
+from pipelines.common.services import ServiceSettings
 
 SECRET = "s3cr3t-never-in-logs-7f3a"
 MIB = 1024 * 1024

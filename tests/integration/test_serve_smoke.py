@@ -14,13 +14,14 @@ import pytest
 from mlflow import MlflowClient
 
 from infra import serve_smoke
-from pipelines import tracking
-from pipelines.config import load_config
-from pipelines.lineage import Lineage
-from pipelines.promote import Production, Request, promote
+from pipelines.common import tracking
+from pipelines.common.config import load_config
+from pipelines.common.lineage import Lineage
+from pipelines.common.model_registry import Production, Request
+from pipelines.promote import promote
 from pipelines.register import register_task
-from pipelines.serving import load_task_model, predict_images
-from pipelines.workspace import Workspace
+from pipelines.common.serving import load_task_model, predict_images
+from pipelines.common.workspace import Workspace
 from tests.conftest import make_workspace
 from tests.unit.test_predict import SIZE, make_model_dir
 

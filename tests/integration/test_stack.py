@@ -15,8 +15,8 @@ import mlflow
 import pytest
 
 from infra import health
-from pipelines.services import ServiceSettings
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.services import ServiceSettings
+from pipelines.common.workspace import PROJECT_ROOT
 from tests.conftest import free_ports
 
 SECRET = "stack-s3cr3t-4b9e"

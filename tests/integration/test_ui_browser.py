@@ -27,9 +27,9 @@ from mlflow import MlflowClient
 
 from assets.definitions import ALL_ASSETS
 from infra import health
-from pipelines.config import TASK_NAMES
-from pipelines.services import ServiceSettings
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.config import TASK_NAMES
+from pipelines.common.services import ServiceSettings
+from pipelines.common.workspace import PROJECT_ROOT
 from tests.conftest import SMALL_RECIPE, free_ports, make_workspace
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines import s3 as s3mod
+from pipelines.common import s3 as s3mod
 from pipelines.cli import main as cli
 from sapiens2.model import read_state_dict, save_checkpoint
 from tests.integration.test_s3_upload import moto_s3  # noqa: F401  (fixture: moto S3 on a loopback port)

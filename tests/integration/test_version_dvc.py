@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from pipelines.version import DvcError, DvcWorkspace
+from pipelines.common.version import DvcError, DvcWorkspace
 
 DVC_YAML = """\
 stages:

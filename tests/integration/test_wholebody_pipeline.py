@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.config import load_config
+from pipelines.common.config import load_config
 from pipelines.curate import curate
 from pipelines.evaluate import _task, score
-from pipelines.finetune import initial_model
+from pipelines.common.task_models import initial_model
 from pipelines.synth import synthesize
 from pipelines.validate import validate_curated
 from sapiens2.curation import CurationConfig

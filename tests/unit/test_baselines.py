@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.eval_report import TaskEvaluation
+from pipelines.common.eval_report import TaskEvaluation
 from sapiens2.tasks import get_task
 from sapiens2.tasks.baselines import TRIVIAL_BASELINES, ClassPrior, ConstantMean, fit_baselines
 

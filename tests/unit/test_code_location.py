@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.workspace import PROJECT_ROOT
 
 HEAVY = ("deepspeed", "great_expectations")
 

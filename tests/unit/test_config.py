@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import PlatformConfig, load_config
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.config import PlatformConfig, load_config
+from pipelines.common.workspace import PROJECT_ROOT
 
 
 def test_project_params_load_and_match_the_demo_recipe() -> None:

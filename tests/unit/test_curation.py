@@ -326,7 +326,7 @@ def test_score_fingerprint_covers_model_bytes_and_package_versions(tmp_path: Pat
 def test_pools_refuse_links_and_special_files_before_reading_or_copying(tmp_path: Path) -> None:
     import os
 
-    from pipelines.curate import fetch_raw_pool
+    from pipelines.synth import fetch_raw_pool
     from sapiens2.curation.pool import list_inputs
 
     secret = tmp_path / "outside" / "secret.jpg"

@@ -17,8 +17,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from skimage import data as skimage_data
 
-from pipelines import s3 as s3mod
-from pipelines.model_cache import fetch_model, fetch_remote_models
+from pipelines.common import s3 as s3mod
+from pipelines.common.model_cache import fetch_model, fetch_remote_models
 from sapiens2.curation import CurationConfig, FilterChain, decode_image
 from sapiens2.curation.clip import import_open_clip, load_clip
 from sapiens2.curation.config import (AestheticConfig, ClipConfig, ClipModelConfig, EmbeddingConfig,

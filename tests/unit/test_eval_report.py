@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipelines.eval_report import TABLE_HEADER, TaskEvaluation, markdown_table, passes_gate
+from pipelines.common.eval_report import TABLE_HEADER, TaskEvaluation, markdown_table, passes_gate
 
 
 def pose(ap: float, trivial: dict[str, float] | None = None, **kwargs) -> TaskEvaluation:

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.config import load_config
-from pipelines.eval_report import TaskEvaluation
+from pipelines.common.config import load_config
+from pipelines.common.eval_report import TaskEvaluation
 from pipelines.evaluate import _scratch_dir, _tracked_metrics, batches, evaluate_task, score_predictions
 from sapiens2.data.dataset import CuratedDataset
 from sapiens2.model import build_backbone, save_checkpoint

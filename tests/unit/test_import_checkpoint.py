@@ -136,8 +136,8 @@ def test_mismatch_lists_every_key(tmp_path, reference, capsys):
 
 
 def test_finetuning_starts_from_imported_checkpoint(tmp_path, reference):
-    from pipelines.config import load_config
-    from pipelines.finetune import backbone_weights, initial_model
+    from pipelines.common.config import load_config
+    from pipelines.common.task_models import backbone_weights, initial_model
 
     state = reference_state(debug_layout(reference, 0), torch.bfloat16, seed=3)
     save_file(state, str(tmp_path / "published.safetensors"))

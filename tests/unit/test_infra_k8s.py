@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from infra import deepspeed_configs
-from pipelines.config import load_config
-from pipelines.launch import add_launch_arguments
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.config import load_config
+from pipelines.common.launch import add_launch_arguments
+from pipelines.common.workspace import PROJECT_ROOT
 from sapiens2.train.engine import build_deepspeed_config
 
 K8S = PROJECT_ROOT / "infra" / "k8s"

@@ -1,6 +1,7 @@
-"""The library's import boundaries, read from the source (every import, also those inside
-functions): `sapiens2` is a model library that the steps use, never the other way round; its
-data layer reads label spaces, not tasks; and no two of its modules import each other in a cycle.
+"""Import boundaries, read from the source (every import, also those inside functions):
+`sapiens2` is a model library that the steps use, never the other way round; its data layer
+reads label spaces, not tasks; no two of its modules import each other in a cycle; and a step
+(`pipelines/<verb>.py`) uses what the steps share (`pipelines/common/`), never another step.
 
 Not counted as edges: imports under `if TYPE_CHECKING:` (annotations only) and a module's import
 of its own parent package (Python runs the parent first anyway).
@@ -88,6 +89,15 @@ def test_the_data_layer_reads_label_spaces_not_tasks(library) -> None:
 
 def test_no_import_cycle_among_library_modules(library) -> None:
     assert internal_cycle(library) is None
+
+
+def test_steps_share_pipelines_common_and_never_import_each_other() -> None:
+    graph = imports(ROOT / "pipelines")
+    steps = {name for name in graph if name.count(".") == 1 and name != "pipelines.cli"}
+    assert len(steps) >= 12  # synth, curate, validate, pretrain, finetune, evaluate, register, ...
+    crossing = {name: sorted(deps & steps) for name, deps in graph.items() if name != "pipelines.cli"}
+    assert {name: deps for name, deps in crossing.items() if deps} == {}
+    assert internal_cycle(graph) is None
 
 
 def test_the_checks_see_a_cycle_and_a_forbidden_import(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 from mlflow import MlflowClient
 
 from pipelines.cli import main as cli
-from pipelines.serving import load_task_model, predict_images
+from pipelines.common.serving import load_task_model, predict_images
 from sapiens2.model import build_backbone, save_checkpoint
 from sapiens2.tasks import TASK_NAMES, build_task_model
 
@@ -109,7 +109,7 @@ def test_predict_from_a_registry_alias(tmp_path, images, monkeypatch, restore_tr
 
 
 def test_served_requests_hold_whole_pixel_values_and_bounded_sizes() -> None:
-    from pipelines.serving import MAX_IMAGES, checked_images
+    from pipelines.common.serving import MAX_IMAGES, checked_images
 
     pixels = np.arange(2 * 4 * 4 * 3).reshape(2, 4, 4, 3) % 256
     assert checked_images(pixels.astype(np.float32)).dtype == np.uint8

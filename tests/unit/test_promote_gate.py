@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlflow.entities.model_registry import ModelVersion, ModelVersionTag
 
-from pipelines.eval_report import TaskEvaluation
+from pipelines.common.eval_report import TaskEvaluation
 from pipelines.promote import _judge
 from pipelines.register import gate_tags
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import sapiens2.pretrain.selection as selection
-from pipelines.config import load_config
-from pipelines.finetune import SCRATCH, initial_model
+from pipelines.common.config import load_config
+from pipelines.common.task_models import SCRATCH, initial_model
 from pipelines.pretrain import build_student
 from sapiens2.model import build_backbone
 from sapiens2.pretrain.selection import probe_and_choose, selection_score

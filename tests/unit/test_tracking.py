@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.tracking import (
+from pipelines.common.tracking import (
     config_sha,
     flatten_config,
     git_commit,
@@ -71,8 +71,8 @@ def test_git_commit(tmp_path: Path) -> None:
 
 
 def test_temporary_s3_credentials_keep_their_session_token(tmp_path, monkeypatch) -> None:
-    from pipelines.s3 import client
-    from pipelines.services import ServiceSettings, redact
+    from pipelines.common.s3 import client
+    from pipelines.common.services import ServiceSettings, redact
 
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(key, raising=False)

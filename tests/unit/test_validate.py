@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.dataset_stats import TASKS, build_counts, build_label_manifests, write_label_manifests
+from pipelines.common.dataset_stats import TASKS, build_counts, build_label_manifests, write_label_manifests
 from pipelines.validate import SuiteResult, main, validate_curated
 
 H, W = 32, 24

@@ -1,10 +1,10 @@
 """Remote curation models: `s3://` files named in a `CurationConfig`, fetched into a local cache
 before curation runs, so the library (`sapiens2.curation`) only ever opens local files.
 
-An object is fetched once through the project's S3 client (`pipelines.s3`: endpoint,
+An object is fetched once through the project's S3 client (`pipelines.common.s3`: endpoint,
 credentials, retries) into ``$SAPIENS2_MODEL_CACHE`` (default ``~/.cache/sapiens2/models``),
 checked against the object (size, the MD5 ETag of single-part objects, the ``sha256`` metadata
-`pipelines.s3.upload_verified` records), and renamed into place only then, so a killed or corrupt
+`pipelines.common.s3.upload_verified` records), and renamed into place only then, so a killed or corrupt
 download never leaves a file that looks complete. Keys are taken as immutable: a cached file is
 reused without asking S3 again (workers start offline and fast), so publish new weights under a
 new key.
@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipelines.s3 import UploadVerificationError, client, download_problems, split_uri
+from pipelines.common.s3 import UploadVerificationError, client, download_problems, split_uri
 
 MODEL_CACHE_ENV = "SAPIENS2_MODEL_CACHE"
 
@@ -32,7 +32,7 @@ def model_cache_dir() -> Path:
 def fetch_model(uri: str, *, field: str = "model", cache_dir: str | Path | None = None, settings=None,
                 s3=None) -> Path:
     """The cached local copy of ``s3://bucket/key``, downloaded and checked if not cached yet;
-    errors name ``field``. ``settings``/``s3`` default to the environment's (`pipelines.s3.client`)."""
+    errors name ``field``. ``settings``/``s3`` default to the environment's (`pipelines.common.s3.client`)."""
     from botocore.exceptions import ClientError
 
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from pipelines.workspace import PROJECT_ROOT
+from pipelines.common.workspace import PROJECT_ROOT
 
 DEFAULT_SETTINGS_FILE = PROJECT_ROOT / "infra" / "stack.env"
 SECRET_KEYS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SAPIENS2_MLFLOW_DB_DSN")

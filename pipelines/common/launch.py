@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.config import PlatformConfig, load_config
+from pipelines.common.config import PlatformConfig, load_config
 
 
 @dataclass(frozen=True)

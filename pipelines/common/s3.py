@@ -24,7 +24,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from boto3.exceptions import S3UploadFailedError
 
-from pipelines.services import ServiceSettings
+from pipelines.common.services import ServiceSettings
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import mlflow
 
-from pipelines import tracking
-from pipelines.version import DvcError, DvcWorkspace
-from pipelines.workspace import Workspace
+from pipelines.common import tracking
+from pipelines.common.version import DvcError, DvcWorkspace
+from pipelines.common.workspace import Workspace
 
 
 def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:

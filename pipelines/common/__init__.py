@@ -1,0 +1,2 @@
+"""What the steps share: config, launch, lineage and tracking, S3 and DVC, the registry lock,
+service settings, serving, plots and dataset statistics. Nothing here is a step or a CLI verb."""

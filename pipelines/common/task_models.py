@@ -1,0 +1,33 @@
+"""The model a fine-tune starts from, which evaluation rebuilds for its untrained-head baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipelines.common.config import PlatformConfig
+from sapiens2.model import build_backbone, load_checkpoint
+from sapiens2.tasks import TaskModel, build_task_model
+
+# `backbone_init` of a from-scratch control: the backbone starts from its seeded random init.
+SCRATCH = "scratch"
+
+
+def backbone_weights(config: PlatformConfig, backbone_dir: Path) -> Path:
+    """The backbone fine-tuning starts from: a published checkpoint if configured, else ours."""
+    if config.finetune.init_checkpoint:
+        return Path(config.finetune.init_checkpoint)
+    return backbone_dir / "backbone.safetensors"
+
+
+def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) -> TaskModel:
+    """Backbone weights from `backbone_path` (or, for `SCRATCH`, the seeded random init the
+    pretraining run started from) plus a freshly initialised head (seeded): the model fine-tuning
+    starts from, and the untrained-head baseline evaluation compares against."""
+    torch.manual_seed(config.pretrain.seed)
+    backbone = build_backbone(config.pretrain.arch, img_size=config.image_size)
+    if str(backbone_path) != SCRATCH:
+        load_checkpoint(backbone, Path(backbone_path))
+    torch.manual_seed(config.finetune.seed)
+    return build_task_model(task, backbone, **config.task_settings(task))
