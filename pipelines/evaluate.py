@@ -24,7 +24,7 @@ import torch
 
 from pipelines.common.config import TASK_NAMES, PlatformConfig, load_config
 from pipelines.common.eval_report import TaskEvaluation, markdown_table
-from pipelines.common.task_models import initial_model
+from pipelines.common.task_models import initial_model, recorded_backbone
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import image_grid_png
 from pipelines.common.serving import load_task_model
@@ -87,7 +87,7 @@ def evaluate_task(config: PlatformConfig, name: str, curated_dir: Path, model_di
     task, batch_size = _task(name, config), config.evaluate.batch_size
     val = _dataset(config, curated_dir, "val", name)
     model, spec = load_task_model(model_dir)
-    untrained = initial_model(config, name, Path(spec["backbone_init"])).eval()
+    untrained = initial_model(config, name, recorded_backbone(spec, model_dir)).eval()
     fitted = fit_baselines(name, task, batches(_dataset(config, curated_dir, "train", name), batch_size))
     trivial = {b: score_predictions(baseline.predict, task, val, batch_size) for b, baseline in fitted.items()}
     tuned, head = score(model, task, val, batch_size), score(untrained, task, val, batch_size)

@@ -3,11 +3,13 @@
 A light head on the backbone feature map, trained under DeepSpeed with layer-wise lr decay
 (embeddings rate^(L+1), block i rate^(L-i), head 1) and no weight decay on 1-D params and biases.
 The backbone starts from our pretraining output or, when `finetune.init_checkpoint` is set, from a
-published Sapiens2 checkpoint. Batches are a pure function of (seed, step, rank).
+published Sapiens2 checkpoint. The loop is the one `Trainer` (`sapiens2.tasks.recipe` says what
+a batch and its loss are); batches are a pure function of (seed, step, rank).
 
 Output folder: `config.yaml`, `checkpoints/` (DeepSpeed, for resume), `model.safetensors` (backbone
-+ head), `model.json` (what to rebuild it with), `history.json` (every step's loss),
-`loss_curves.png`.
++ head), `model.json` (what to rebuild it with; the backbone path relative to the folder),
+`history.json` (every step's loss terms), `loss_curves.png`. No timings and no absolute paths, so
+the same inputs give the same bytes under the CLI, DVC and Dagster (tested).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pipelines.common.config import PlatformConfig, load_config
 from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png
-from pipelines.common.task_models import SCRATCH, backbone_weights, initial_model
+from pipelines.common.task_models import SCRATCH, backbone_weights, initial_model, record_backbone
 from sapiens2.data.dataset import CuratedDataset
 from sapiens2.model import save_checkpoint
 from sapiens2.tasks import TASK_NAMES
@@ -80,18 +82,20 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
             save_checkpoint(final, output_dir / "model.safetensors")
             spec = {
                 "task": task_name, "arch": config.pretrain.arch, "image_size": list(config.image_size),
-                "backbone_init": str(backbone_path), "steps": steps, "seed": cfg.seed,
+                "backbone_init": record_backbone(backbone_path, output_dir), "steps": steps, "seed": cfg.seed,
                 "label_fraction": cfg.label_fraction, "train_images": len(data),
                 "task_settings": config.task_settings(task_name),
                 "final_loss": history["loss"][-1],
-                "steps_per_second": (steps - start) / seconds if seconds > 0 else 0.0,
             }
+            # Speed goes to MLflow and Dagster only: the folder's bytes must not depend on it.
+            steps_per_second = (steps - start) / seconds if seconds > 0 else 0.0
+            tracker.log_metrics({"steps_per_second": steps_per_second}, steps)
             (output_dir / "model.json").write_text(json.dumps(spec, indent=2))
             (output_dir / "history.json").write_text(json.dumps(history))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title=f"fine-tuning {task_name}")
             tracker.log_artifacts([curves, output_dir / "model.json", output_dir / "config.yaml"])
             pipes.report_asset_materialization(metadata={
-                "final_loss": spec["final_loss"], "steps": steps, "steps_per_second": spec["steps_per_second"],
+                "final_loss": spec["final_loss"], "steps": steps, "steps_per_second": steps_per_second,
                 "backbone_init": spec["backbone_init"], "mlflow_run_id": tracker.run_id or "",
             })
 

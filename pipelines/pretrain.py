@@ -3,9 +3,12 @@
 On the curated train split: mixed block/patch masking, the encoder on visible tokens only, a
 light MAE decoder on normalised pixels, and self-distillation from an EMA teacher on the CLS
 token (sparse) and on the masked patches (dense), with Sinkhorn-Knopp targets and KoLeo
-(`sapiens2.pretrain.meta_arch`); collapse monitors go to MLflow every step. `sapiens2 pretrain` resolves the config, saves it in the
-output folder and launches `world_size` ranks with torchrun; each rank runs `train`. Every input
-of a step is a pure function of (seed, step, rank), so a resumed run repeats the uninterrupted one.
+(`sapiens2.pretrain.meta_arch`, run by `sapiens2.pretrain.recipe` in the one `Trainer` loop);
+collapse monitors go to MLflow every step. `sapiens2 pretrain` is the launcher
+(`pipelines.common.launch`): it resolves the config, saves it in the output folder and starts
+this node's ranks; each rank runs `train`. Every input of a step is a pure function of (seed,
+step, rank), so a resumed run repeats the uninterrupted one. Timings go to MLflow and Dagster
+only, so the folder's bytes do not depend on who ran it or how fast.
 
 Output folder: `config.yaml` (resolved), `checkpoints/` (DeepSpeed, for resume),
 `backbone.safetensors` (the backbone handed to fine-tuning: the student or the EMA teacher,
@@ -103,9 +106,11 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
                 "collapsed": verdict or "no",
                 "exported": chosen,
                 "probes": probes,
-                "steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
-                "images_per_second": (cfg.steps - start) * ds.global_batch_size / seconds if seconds > 0 else 0.0,
             }
+            # Timings go to MLflow and Dagster, not into the output folder: its bytes (its DVC
+            # md5, the data version) must not depend on how fast or by whom it was made.
+            speed = {"steps_per_second": (cfg.steps - start) / seconds if seconds > 0 else 0.0,
+                     "images_per_second": (cfg.steps - start) * ds.global_batch_size / seconds if seconds > 0 else 0.0}
             if verdict:
                 pipes.log.warning(f"pretraining collapsed: {verdict}")
             (output_dir / "backbone.json").write_text(json.dumps(summary, indent=2))
@@ -114,11 +119,12 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
             recon = mae_reconstruction_png(trained, images[:6], recipe.masker, output_dir / "mae_reconstruction.png")
             tracker.log_artifacts([curves, recon, output_dir / "backbone.json", output_dir / "config.yaml"])
             probe_metrics = {f"probe.{name}.{key}": value for name, result in probes.items() for key, value in result.items()}
-            tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics}, cfg.steps)
+            tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics, **speed},
+                                cfg.steps)
             tracker.set_tags({"collapsed": summary["collapsed"], "exported_weights": chosen})
             pipes.report_asset_materialization(metadata={
                 **{k: v for k, v in summary.items() if not isinstance(v, (list, dict))},
-                **{k: round(v, 4) for k, v in probe_metrics.items()},
+                **{k: round(v, 4) for k, v in probe_metrics.items()}, **speed,
                 "mlflow_run_id": tracker.run_id or "",
             })
     dist.barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -31,3 +32,17 @@ def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) 
         load_checkpoint(backbone, Path(backbone_path))
     torch.manual_seed(config.finetune.seed)
     return build_task_model(task, backbone, **config.task_settings(task))
+
+
+def record_backbone(backbone_path: Path | str, model_dir: Path) -> str:
+    """`backbone_init` as `model.json` stores it: relative to the model folder, so the folder's
+    bytes (its DVC md5) do not depend on where the workspace lives or who ran the step."""
+    if str(backbone_path) == SCRATCH:
+        return SCRATCH
+    return os.path.relpath(Path(backbone_path).resolve(), Path(model_dir).resolve())
+
+
+def recorded_backbone(spec: dict, model_dir: Path) -> Path | str:
+    """The backbone a saved model started from (`SCRATCH` or a path), as `record_backbone` wrote it."""
+    init = spec["backbone_init"]
+    return SCRATCH if init == SCRATCH else Path(model_dir) / init

@@ -1,6 +1,7 @@
 """`dvc repro` runs the stages as `dvc.yaml` writes them, and a stage's output has the same DVC
 md5 whichever way it ran: the CLI verb under DVC or the Dagster asset (the steps own their
-outputs, the assets only call them and report)."""
+outputs, the assets only call them and report), from the raw pool through pretraining and all
+ten fine-tunes."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 
 from assets.curation import curated_dataset, pool_shards, raw_pool, versioned_dataset
 from assets.resources import DvcResource, PlatformResource
+from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from tests.conftest import SMALL_RECIPE, make_workspace
 
 RECIPE = {**SMALL_RECIPE, "synth.n_people": 16, "synth.workers": 1, "curation.workers": 1}
@@ -26,13 +29,13 @@ def _locked_md5(root: Path) -> dict[str, str]:
     return {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])}
 
 
-def _repro(root: Path, stage: str) -> subprocess.CompletedProcess:
+def _repro(root: Path, *stages: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env |= {"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "SAPIENS2_WORKSPACE": str(root)}
     for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
         subprocess.run(cmd, cwd=root, check=True, env=env)
-    return subprocess.run([str(BIN / "dvc"), "repro", stage], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([str(BIN / "dvc"), "repro", *stages], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=1500)
 
 
 def test_dvc_repro_curates_with_the_bytes_the_dagster_assets_write(tmp_path: Path, monkeypatch) -> None:
@@ -56,3 +59,34 @@ def test_dvc_repro_curates_with_the_bytes_the_dagster_assets_write(tmp_path: Pat
     by_dagster = _locked_md5(dagster)
     for out in ("data/raw", "data/curated"):
         assert by_dagster[out] == by_dvc[out], out
+
+
+# Short fine-tunes: the point is equal bytes, not good models.
+TRAINING = {**RECIPE, "finetune.steps": 6, "finetune.task_steps.pose": 6, "finetune.task_steps.seg": 6,
+            "finetune.log_every": 3, "finetune.optim.warmup_steps": 2, "finetune.checkpoint.every_n_steps": 3}
+TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
+
+
+@pytest.mark.slow
+def test_dvc_repro_trains_with_the_bytes_the_dagster_assets_write(tmp_path: Path, monkeypatch) -> None:
+    """Pretraining (2 ranks) and the ten fine-tunes: the same md5 per stage output either way.
+    Not evaluation: its report names the MLflow run it logged, which differs per run."""
+    repro = make_workspace(tmp_path / "repro", TRAINING)
+    proc = _repro(repro, *(f"{stage}@{task}" for stage in ("finetune", "scratch") for task in TASKS))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_dvc = _locked_md5(repro)
+
+    dagster = make_workspace(tmp_path / "dagster", TRAINING)
+    monkeypatch.setenv("SAPIENS2_WORKSPACE", str(dagster))
+    monkeypatch.setenv("SAPIENS2_DVC_REMOTE", str(tmp_path / "dvc-remote"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = dg.materialize([raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrained_backbone,
+                          *finetuned_models, *scratch_models],
+                         resources={"platform": PlatformResource(), "dvc": DvcResource(),
+                                    "pipes_subprocess_client": dg.PipesSubprocessClient()},
+                         instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert run.success, [str(e.event_specific_data) for e in run.all_events if e.is_failure]
+    by_dagster = _locked_md5(dagster)
+    outs = ["data/raw", "data/curated", "models/pretrain", *(f"models/{t}" for t in TASKS),
+            *(f"models/scratch/{t}" for t in TASKS)]
+    assert {o: by_dagster[o] for o in outs} == {o: by_dvc[o] for o in outs}
