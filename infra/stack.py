@@ -117,15 +117,38 @@ def _save_pids(state: Path, pids: dict[str, dict]) -> None:
     (state / "pids.json").write_text(json.dumps(pids, indent=2))
 
 
-def _ours(pid: int, argv: list[str]) -> bool:
-    """True when `pid` is alive and still runs the command we started (not a reused pid)."""
+def _boot_id() -> str:
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/<pid>/stat field 22); None if no such process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def identity(pid: int) -> dict:
+    """What tells the process we started from a later one that reuses its pid: the boot and the
+    start time. Recorded beside the pid in `pids.json`."""
+    return {"boot_id": _boot_id(), "start_ticks": _start_ticks(pid)}
+
+
+def _ours(entry: dict) -> bool:
+    """True when the recorded leader is alive and is still the process we started (same boot,
+    same start time, not a zombie), not a later process that got its pid."""
+    pid = entry["pid"]
+    try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    zombie = stat.rsplit(")", 1)[1].split()[0] == "Z"
-    return not zombie and any(arg.encode() in cmdline for arg in argv[1:3])
+    if stat.rsplit(")", 1)[1].split()[0] == "Z" or entry.get("boot_id") != _boot_id():
+        return False
+    return _start_ticks(pid) == entry.get("start_ticks")
 
 
 def _group_alive(pgid: int) -> bool:
@@ -138,9 +161,21 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _our_group(entry: dict) -> bool:
+    """Whether the process group recorded in `entry` is still ours to signal. With the leader
+    gone, a live group of that id is its children: Linux hands out no pid still in use as a
+    group id, so no other process can hold it. After a reboot, or with the pid now held by a
+    newer process, the group is someone else's."""
+    if entry.get("boot_id") != _boot_id():
+        return False
+    if _start_ticks(entry["pid"]) is not None:
+        return _ours(entry)
+    return _group_alive(entry["pid"])
+
+
 def _stop(entries: list[dict], grace_s: float = 20.0) -> list[dict]:
     """SIGTERM every recorded process group at once, SIGKILL what is left after `grace_s`."""
-    live = [e for e in entries if _ours(e["pid"], e["argv"]) or _group_alive(e["pid"])]
+    live = [e for e in entries if _our_group(e)]
     for entry in live:
         os.killpg(entry["pid"], signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -157,7 +192,7 @@ def up(settings: ServiceSettings | None = None, timeout_s: float = 240.0) -> dic
     settings = settings or ServiceSettings.load()
     state = state_dir()
     (state / "logs").mkdir(parents=True, exist_ok=True)
-    running = {name for name, entry in _load_pids(state).items() if _ours(entry["pid"], entry["argv"])}
+    running = {name for name, entry in _load_pids(state).items() if _ours(entry)}
     if running:
         raise StackError(f"stack already running in {state} ({', '.join(sorted(running))}); `down` first")
     plan = services(settings, state)
@@ -173,7 +208,8 @@ def up(settings: ServiceSettings | None = None, timeout_s: float = 240.0) -> dic
             with svc.log(state).open("w") as log:
                 proc = subprocess.Popen(svc.argv, stdout=log, stderr=subprocess.STDOUT, env={**proc_env, **dict(svc.env)},
                                         cwd=PROJECT_ROOT, start_new_session=True)
-            pids[svc.name] = {"pid": proc.pid, "argv": svc.argv, "port": svc.port, "log": str(svc.log(state))}
+            pids[svc.name] = {"pid": proc.pid, **identity(proc.pid), "argv": svc.argv, "port": svc.port,
+                              "log": str(svc.log(state))}
             _save_pids(state, pids)
             _wait_ready(svc, proc, settings, state, time.monotonic() + timeout_s)
             print(f"  {svc.name:18s} pid {proc.pid:<7d} ready" + (f" on {settings.host}:{svc.port}" if svc.port else ""),
@@ -224,7 +260,7 @@ def status(settings: ServiceSettings | None = None) -> dict[str, str]:
     out = {}
     for svc in services(settings, state_dir()):
         entry = _load_pids(state_dir()).get(svc.name)
-        if entry is None or not _ours(entry["pid"], entry["argv"]):
+        if entry is None or not _ours(entry):
             out[svc.name] = "stopped"
             continue
         ok, detail = health.CHECKS[svc.ready](settings)

@@ -78,8 +78,12 @@ class StageRegistry(Mapping[str, Callable[["CurationConfig"], Stage]]):
     def _load(self) -> dict[str, Callable[[CurationConfig], Stage]]:
         if not self._loaded:
             self._loaded = True  # first, so a stage module importing the registry does not recurse
-            for module in self._modules:
-                importlib.import_module(module)
+            try:
+                for module in self._modules:
+                    importlib.import_module(module)
+            except BaseException:
+                self._loaded = False  # retried on the next lookup: never a silently partial registry
+                raise
         return self._stages
 
     def __getitem__(self, name: str) -> Callable[[CurationConfig], Stage]:
