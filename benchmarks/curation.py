@@ -45,7 +45,8 @@ import numpy as np
 from matplotlib import cbook
 from PIL import Image
 
-from pipelines.curate import curate, list_inputs
+from pipelines.curate import curate
+from sapiens2.curation.pool import list_inputs
 from sapiens2.curation import CurationConfig
 from sapiens2.data.synth import render_person
 

@@ -57,7 +57,7 @@ from sapiens2.data.decode import decode_image
 from sapiens2.curation.dedup import Keypoints, orb_keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
 from sapiens2.curation.passes import balance, deduplicate
-from sapiens2.curation.pool import PoolShards, list_inputs, shard_pool
+from sapiens2.curation.pool import PoolShards, shard_pool
 from sapiens2.curation.report import write_report
 
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,

@@ -20,7 +20,8 @@ from torch.nn import functional as F
 from sapiens2.tasks.base import Task
 from sapiens2.tasks.pointmap import PointmapTask, canonical_scale
 from sapiens2.tasks.pose import PoseTask
-from sapiens2.tasks.seg import IGNORE_INDEX, SegTask
+from sapiens2.labels import IGNORE_INDEX
+from sapiens2.tasks.seg import SegTask
 
 Batch = dict[str, Any]
 

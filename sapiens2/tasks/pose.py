@@ -22,7 +22,6 @@ from pycocotools.cocoeval import COCOeval
 from torch import nn
 
 from sapiens2.labels.keypoint_sets import get_keypoint_set
-from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS, COCO_SKELETON  # noqa: F401 (re-exported)
 from sapiens2.tasks.base import Task
 from sapiens2.tasks.heads import POSE_WIDTHS, POSE_WIDTHS_BY_EMBED_DIM, build_deconv_head
 from sapiens2.tasks.keypoint_codec import UDPHeatmapCodec, flip_heatmaps, flip_index

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
-from sapiens2.labels import IGNORE_INDEX, SEG_CLASSES, SEG_FLIP, mirror_class_map  # noqa: F401 (re-exported)
+from sapiens2.labels import IGNORE_INDEX, SEG_CLASSES
 from sapiens2.tasks.heads import SEG_WIDTHS, build_deconv_head
 from sapiens2.tasks.losses import softmax_dice_loss
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from sapiens2.data.dataset import IMAGE_MEAN, IMAGE_STD, CuratedDataset, collate, hflip_sample
-from sapiens2.tasks.pose import COCO_FLIP_PAIRS, COCO_SKELETON
-from sapiens2.tasks.seg import SEG_CLASSES, SEG_FLIP
+from sapiens2.labels import COCO_FLIP_PAIRS, COCO_SKELETON, SEG_CLASSES, SEG_FLIP
 
 H, W = 32, 24
 FX, CX, CY = 30.0, 11.3, 16.0  # off-centre principal point so the cx mirror is exercised

@@ -14,7 +14,7 @@ from sapiens2.tasks.keypoint_codec import (
     flip_heatmaps,
     flip_index,
 )
-from sapiens2.tasks.pose import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS
+from sapiens2.labels import COCO_FLIP_PAIRS, COCO_OKS_SIGMAS
 
 
 def random_keypoints(n: int, height: int, width: int, seed: int) -> torch.Tensor:

@@ -9,7 +9,8 @@ from torch.nn import functional as F
 
 from sapiens2.tasks import get_task
 from sapiens2.tasks.losses import softmax_dice_loss
-from sapiens2.tasks.seg import SEG_CLASSES, SEG_FLIP, ConfusionMetric
+from sapiens2.labels import SEG_CLASSES, SEG_FLIP
+from sapiens2.tasks.seg import ConfusionMetric
 
 NAMES = ("bg", "a", "b", "c", "d")
 
