@@ -15,10 +15,11 @@ from assets.resources import WORKSPACE_WRITER, DvcResource, PlatformResource
 from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from pipelines.common import tracking
 from pipelines.common.config import TASK_NAMES
+from pipelines.common.eval_report import REPORT_TAG, report_sha256
 from pipelines.common.lineage import Lineage, dvc_hash
 from pipelines.common.model_registry import Production, Request
 from pipelines.promote import promote
-from pipelines.register import gated_out, register_all
+from pipelines.register import evaluated_version, gated_out, register_all
 from pipelines.rollback import rollback
 
 
@@ -36,7 +37,7 @@ def evaluation_report(context: dg.AssetExecutionContext, platform: PlatformResou
         metadata={
             "table": dg.MetadataValue.md((ws.eval_dir / "table.md").read_text()),
             "split_id": report["split_id"],
-            "mlflow_run_id": report["mlflow_run_id"],
+            "mlflow_run_id": _evaluation_run(platform),
             **{f"{name}_predictions": metadata.image(ws.eval_dir / f"{name}_predictions.png", name) for name in TASK_NAMES},
         },
         data_version=dg.DataVersion(md5),
@@ -66,9 +67,10 @@ def every_task_beats_baseline(platform: PlatformResource) -> dg.AssetCheckResult
 def registered_models(context: dg.AssetExecutionContext, platform: PlatformResource) -> dg.MaterializeResult:
     """Each task model as an MLflow pyfunc version with lineage and evaluation tags."""
     ws, config = platform.ws, platform.config
-    report = json.loads((ws.eval_dir / "metrics.json").read_text())
+    report_file = ws.eval_dir / "metrics.json"
+    report = json.loads(report_file.read_text())
     model_md5 = {task: dvc_hash(ws.task_dir(task), ws) for task in TASK_NAMES}
-    registrations, refused = register_all(config, report, ws.root / "models", model_md5,
+    registrations, refused = register_all(config, report_file, ws.root / "models", model_md5,
                                           Lineage.from_env(ws.curated_dir, ws.pretrain_dir, context.run.run_id))
     for task, reason in refused.items():
         context.log.warning(f"{task}: not registered, its gate failed: {reason}")
@@ -93,13 +95,20 @@ def _dev_client(platform: PlatformResource) -> mlflow.MlflowClient:
     return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+def _evaluation_run(platform: PlatformResource) -> str:
+    """The MLflow run that logged the workspace's evaluation report, found by the report's hash."""
+    sha = report_sha256(platform.ws.eval_dir / "metrics.json")
+    return tracking.find_run("evaluation", REPORT_TAG, sha, _dev_client(platform))
+
+
 @dg.asset(group_name="registry", deps=[registered_models], retry_policy=TRANSIENT, kinds={"mlflow"})
 def champion_models(context: dg.AssetExecutionContext, config: PromoteConfig, platform: PlatformResource) -> dg.MaterializeResult:
-    """Copies each task's newest version into `<name>-production` as `champion` only if it beats that champion on the same split."""
+    """Copies each task's evaluated version (the weights the report scored, found by their hash)
+    into `<name>-production` as `champion`, only if it beats that champion on the same split."""
     ws, cfg = platform.ws, platform.config
     client = _dev_client(platform)
     report = json.loads((ws.eval_dir / "metrics.json").read_text())
-    request = _request(config, context, evaluation_run=report.get("mlflow_run_id", ""))
+    request = _request(config, context, evaluation_run=_evaluation_run(platform))
     rows = []
     refused = gated_out(report)
     for task in report["tasks"]:
@@ -108,15 +117,18 @@ def champion_models(context: dg.AssetExecutionContext, config: PromoteConfig, pl
             rows.append({"model": name, "version": "", "promoted": False, "production": "",
                          "reason": f"not registered: gate failed: {refused[task['task']]}"})
             continue
-        latest = max(client.search_model_versions(f"name = '{name}'"), key=lambda mv: int(mv.version))
+        version = evaluated_version(client, name, task.get("model_sha256", ""), report["split_id"])
+        if version is None:
+            raise dg.Failure(f"{name}: no version holds the weights the evaluation report scored "
+                             f"(model.sha256 {task.get('model_sha256', '')[:12] or 'missing'}); register them first")
         production = Production.for_model(name, client)
-        decision = promote(name, latest.version, task["primary_metric"], task["higher_is_better"], report["split_id"],
+        decision = promote(name, version, task["primary_metric"], task["higher_is_better"], report["split_id"],
                            reason_prefix=f"[{config.reason}; dagster run {context.run.run_id}] ", client=client,
                            production=production, request=request)
-        rows.append({"model": name, "version": latest.version, "promoted": decision.promoted,
+        rows.append({"model": name, "version": version, "promoted": decision.promoted,
                      "production": f"{production.name} v{decision.production_version}" if decision.promoted else "",
                      "reason": decision.reason})
-        context.log.info(f"{name} v{latest.version}: {'promoted' if decision.promoted else 'refused'}: {decision.reason}")
+        context.log.info(f"{name} v{version}: {'promoted' if decision.promoted else 'refused'}: {decision.reason}")
     return dg.MaterializeResult(metadata={"decisions": metadata.table(pd.DataFrame(rows))})
 
 

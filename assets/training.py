@@ -1,8 +1,10 @@
 """Pretraining and fine-tuning groups: DeepSpeed programs launched through Dagster Pipes.
 
 Each asset starts `python -m pipelines.<step>` (which starts the torchrun ranks), streams rank 0's
-log lines and metadata back, then records the output folder with DVC. A retry resumes from the
-program's latest checkpoint; a fresh materialisation starts from an empty folder. When a
+log lines and metadata back, then records the output folder with DVC. A new run starts from an
+empty folder, as `dvc repro` does; a retry, or a re-execution of a failed or killed run (one with a
+parent run), resumes the latest checkpoint when the same recipe, data and world size wrote it, and
+otherwise deletes it and starts fresh (`--restart-on-mismatch`). When a
 checkpoint store is configured (`$SAPIENS2_CHECKPOINT_STORE`, set by the stack) the final weights
 also go to S3 as a verified multipart upload, recorded by a manifest written last.
 """
@@ -32,10 +34,11 @@ TRAINING_TAGS = {"sapiens2/kind": "training"}
 def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, platform: PlatformResource,
            module: str, output: Path, args: list[str]) -> dict:
     """Run a training program for this asset; returns the metadata its rank 0 reported."""
-    if context.retry_number == 0:
+    if context.retry_number == 0 and context.run.parent_run_id is None:
         shutil.rmtree(output, ignore_errors=True)
     config_file = platform.write_config(output / "config.yaml")
-    command = [sys.executable, "-m", module, *args, "--output", str(output), "--config", str(config_file)]
+    command = [sys.executable, "-m", module, *args, "--output", str(output), "--config", str(config_file),
+               "--restart-on-mismatch"]
     env = {"DAGSTER_RUN_ID": context.run.run_id, "SAPIENS2_WORKSPACE": str(platform.ws.root)}
     result = client.run(command=command, context=context, env=env, cwd=str(platform.ws.root))
     return dict(result.get_materialize_result().metadata)

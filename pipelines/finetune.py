@@ -35,8 +35,8 @@ from sapiens2.train.trainer import Trainer
 
 
 def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_path: Path | str, output_dir: Path,
-          lineage: Lineage) -> None:
-    """One rank of a fine-tuning run (collective)."""
+          lineage: Lineage, restart_on_mismatch: bool = False) -> None:
+    """One rank of a fine-tuning run (collective); `restart_on_mismatch` as the launcher's flag."""
     rank, world_size = init_distributed()
     cfg, ds = config.finetune, config.finetune.deepspeed
     steps = cfg.steps_for(task_name)
@@ -56,7 +56,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     settings = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],
               "init": "scratch" if str(backbone_path) == SCRATCH else "pretrained"}
     checkpoints = CheckpointManager.from_section(output_dir / "checkpoints", cfg.checkpoint,
-                                                 lineage.resume_identity(settings, world_size))
+                                                 lineage.resume_identity(settings, world_size), restart_on_mismatch)
     run_name = f"{task_name}-scratch" if str(backbone_path) == SCRATCH else task_name
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=run_name) as tracker:
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rank_worker:
         config = load_config(args.config)
         pretrained = None if args.from_scratch or config.finetune.init_checkpoint else args.backbone
-        train(config, args.task, args.curated, backbone_path(config), args.output, Lineage.from_env(args.curated, pretrained))
+        train(config, args.task, args.curated, backbone_path(config), args.output, Lineage.from_env(args.curated, pretrained),
+              args.restart_on_mismatch)
         return 0
     config = resolve_config(args)
     path = backbone_path(config)

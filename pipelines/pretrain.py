@@ -51,8 +51,10 @@ def build_student(config: PlatformConfig) -> PretrainStudent:
     return PretrainStudent(backbone, config.pretrain.objective)
 
 
-def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: Lineage) -> None:
-    """One rank of the pretraining run (collective: every rank calls it)."""
+def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: Lineage,
+          restart_on_mismatch: bool = False) -> None:
+    """One rank of the pretraining run (collective: every rank calls it); `restart_on_mismatch` as
+    the launcher's flag."""
     rank, world_size = init_distributed()
     cfg = config.pretrain
     obj, ds = cfg.objective, cfg.deepspeed
@@ -71,7 +73,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
     full = config.to_dict()
     checkpoints = CheckpointManager.from_section(
         output_dir / "checkpoints", cfg.checkpoint,
-        lineage.resume_identity({**full["pretrain"], "image_size": full["image_size"]}, world_size))
+        lineage.resume_identity({**full["pretrain"], "image_size": full["image_size"]}, world_size), restart_on_mismatch)
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "pretrain", lineage, config.to_dict()) as tracker:
         trainer = Trainer(engine, recipe, lr_schedule(cfg.optim, cfg.steps), checkpoints, cfg.seed,
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     add_launch_arguments(parser)
     args = parser.parse_args(argv)
     if args.rank_worker:
-        train(load_config(args.config), args.curated, args.output, Lineage.from_env(args.curated))
+        train(load_config(args.config), args.curated, args.output, Lineage.from_env(args.curated), args.restart_on_mismatch)
         return 0
     config = resolve_config(args)
     return launch_ranks("pipelines.pretrain", args, config, config.pretrain.deepspeed.world_size,

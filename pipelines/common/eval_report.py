@@ -4,15 +4,27 @@ The gate compares the fine-tuned model's primary metric with a baseline, by defa
 strongest trivial one (`sapiens2.tasks.baselines`): an untrained head scores below any constant,
 so beating it alone says nothing. A model passes when it is better than that baseline by at
 least the task's margin, in the direction of the metric.
+
+A report names the weights it scored (`model_sha256` per task) and nothing about who wrote it, so
+the same models on the same split give the same bytes under DVC and Dagster; the MLflow run that
+logged it carries `REPORT_TAG` = the report's own sha256 and is found by it (`report_sha256`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 UNTRAINED_HEAD = "untrained_head"
 TRIVIAL = "trivial"
+REPORT_TAG = "eval.report_sha256"
+
+
+def report_sha256(report_file: Path) -> str:
+    """sha256 of an evaluation report's bytes: the key of the MLflow run that logged it."""
+    return hashlib.sha256(Path(report_file).read_bytes()).hexdigest()
 
 
 def improvement(value: float, reference: float, higher_is_better: bool) -> float:
@@ -39,7 +51,8 @@ class TaskEvaluation:
     """Scores of one task on the evaluation split and the gate settings they are judged with.
 
     `baseline` is the untrained head (same backbone, fresh head), `trivial` the image-blind
-    baselines by name, `scratch` an optional from-scratch model trained with the same budget.
+    baselines by name, `scratch` an optional from-scratch model trained with the same budget,
+    `model_sha256` the scored weights (`pipelines.common.lineage.model_sha256`).
     """
 
     task: str
@@ -52,6 +65,7 @@ class TaskEvaluation:
     scratch: dict[str, float] | None = None
     gate_baseline: str = TRIVIAL
     gate_margin: float = 0.0
+    model_sha256: str = ""
 
     @property
     def value(self) -> float:

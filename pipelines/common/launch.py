@@ -83,6 +83,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--master-addr", default="127.0.0.1", help="where node 0 listens for the rendezvous")
     parser.add_argument("--master-port", type=int, default=29500)
+    parser.add_argument("--restart-on-mismatch", action="store_true",
+                        help="a checkpoint in --output left by another recipe, dataset or world size is deleted and "
+                             "training starts fresh (default: refuse to resume it); a matching one is resumed either way")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -98,7 +101,8 @@ def launch_ranks(module: str, args: argparse.Namespace, config: PlatformConfig, 
     `worker_args` and `--rank-worker`; the ranks read that file and nothing else."""
     resolved = save_resolved(config.to_dict(), args.output / "config.yaml")
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-    rank_args = [*worker_args, "--output", str(args.output), "--config", str(resolved), "--rank-worker"]
+    rank_args = [*worker_args, "--output", str(args.output), "--config", str(resolved), "--rank-worker",
+                 *(["--restart-on-mismatch"] if args.restart_on_mismatch else [])]
     return run_ranks(module, world_size, rank_args, nodes)
 
 

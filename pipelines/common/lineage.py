@@ -2,10 +2,13 @@
 
 The DVC hashes come from `dvc.lock` (written by `dvc commit` after each upstream step, by Dagster
 or by `dvc repro`), the Dagster run id from the environment the asset launches the step with.
+`model_sha256` hashes a task model's files themselves: evaluation records it, registration and
+promotion find "the weights that were evaluated" by it, whatever `dvc.lock` says meanwhile.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,22 @@ def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:
         return DvcWorkspace(ws.root).out_hash(str(Path(path).resolve().relative_to(ws.root)))
     except (DvcError, ValueError, KeyError, FileNotFoundError):
         return "untracked"
+
+
+MODEL_FILES = ("model.json", "model.safetensors")  # a task model folder's content; the rest is logs
+
+
+def model_sha256(model_dir: Path) -> str:
+    """sha256 over the names and bytes of a task model's files (`MODEL_FILES`)."""
+    digest = hashlib.sha256()
+    for name in MODEL_FILES:
+        path = Path(model_dir) / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not a task model folder (needs {', '.join(MODEL_FILES)})")
+        digest.update(name.encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 CHAMPION = "champion"
 PREVIOUS = "previous"
 SPLIT_TAG = "eval.split_id"
+MODEL_SHA_TAG = "model.sha256"  # the weights a version holds (`pipelines.common.lineage.model_sha256`)
 PRODUCTION_SUFFIX = "-production"
 DEMOTED_TAG = "rollback.demoted"
 GATE_PASSED_TAG = "eval.gate.passed"

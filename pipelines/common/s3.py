@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import boto3
@@ -131,7 +131,7 @@ def checkpoint_store(settings: ServiceSettings | None = None) -> ServiceSettings
         bucket, prefix = split_uri(uri)
     except ValueError as exc:
         raise ValueError(f"${CHECKPOINT_STORE_ENV}: {exc}") from None
-    return replace(settings or ServiceSettings.load(), bucket=bucket, prefix=prefix)
+    return (settings or ServiceSettings.load()).model_copy(update={"bucket": bucket, "prefix": prefix})
 
 
 @dataclass(frozen=True)

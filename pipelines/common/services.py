@@ -5,69 +5,77 @@ Values come from the environment first, then from a dotenv file: `$SAPIENS2_SETT
 `infra/stack.env` (the loopback stack's defaults). An empty value means "not set", so a
 production file can leave the endpoint empty (AWS) and the credentials to boto3's usual chain
 (instance role, `~/.aws`). The same names (`AWS_*`) are the ones boto3, DVC and MLflow read, so
-the environment `export_env` builds is all a step or a server process needs.
+the environment `aws_env` builds is all a step or a server process needs.
+
+The class is a pydantic-settings `BaseSettings` rather than hand-rolled parsing: each setting is
+declared once with its type, variable name and default; the environment > file > default order is
+the library's, not ours to keep right; and a bad value (`SAPIENS2_S3_PORT=abc`) fails in `load`
+with a message naming the variable and where it came from instead of a bare `int()` error.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from dotenv import dotenv_values
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipelines.common.workspace import PROJECT_ROOT
 
 DEFAULT_SETTINGS_FILE = PROJECT_ROOT / "infra" / "stack.env"
+SETTINGS_FILE_ENV = "SAPIENS2_SETTINGS_FILE"
 SECRET_KEYS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "SAPIENS2_MLFLOW_DB_DSN")
 
 
-def _lookup(file_values: dict[str, str | None], key: str, default: str | None = None) -> str | None:
-    value = os.environ.get(key)
-    if value is None:
-        value = file_values.get(key)
-    return value if value else default
+class ServiceSettings(BaseSettings):
+    """The resolved settings; secrets are excluded from `repr` so they never reach a log line.
 
+    Build it with `ServiceSettings.load()`. Constructing it directly takes keyword arguments by
+    field name (`host=...`), and fields left out are still read from the environment (not the file).
+    """
 
-@dataclass(frozen=True)
-class ServiceSettings:
-    """The resolved settings; secrets are excluded from `repr` so they never reach a log line."""
+    model_config = SettingsConfigDict(
+        case_sensitive=True,  # the variables are exactly the names below, as os.environ spells them
+        env_ignore_empty=True,  # "" means not set, in the environment and in the file alike
+        extra="ignore",  # stack.env and the environment hold many other variables
+        frozen=True,  # shared between steps; derive changed copies with model_copy / with_endpoint
+    )
 
-    host: str
-    s3_port: int
-    mlflow_port: int
-    dagster_port: int
-    bucket: str
-    prefix: str
-    region: str
-    s3_endpoint_url: str | None
-    access_key_id: str | None = field(default=None, repr=False)
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)  # temporary (STS) credentials
-    mlflow_db_dsn: str | None = field(default=None, repr=False)
+    host: str = Field("127.0.0.1", validation_alias="SAPIENS2_HOST")
+    s3_port: int = Field(9100, validation_alias="SAPIENS2_S3_PORT")
+    mlflow_port: int = Field(5000, validation_alias="SAPIENS2_MLFLOW_PORT")
+    dagster_port: int = Field(3000, validation_alias="SAPIENS2_DAGSTER_PORT")
+    bucket: str = Field("sapiens2", validation_alias="SAPIENS2_S3_BUCKET")
+    prefix: str = Field("", validation_alias="SAPIENS2_S3_PREFIX")
+    region: str = Field("us-east-1", validation_alias="AWS_DEFAULT_REGION")
+    s3_endpoint_url: str | None = Field(None, validation_alias="SAPIENS2_S3_ENDPOINT_URL")  # None: AWS
+    access_key_id: str | None = Field(None, validation_alias="AWS_ACCESS_KEY_ID", repr=False)
+    secret_access_key: str | None = Field(None, validation_alias="AWS_SECRET_ACCESS_KEY", repr=False)
+    session_token: str | None = Field(None, validation_alias="AWS_SESSION_TOKEN", repr=False)  # STS
+    mlflow_db_dsn: str | None = Field(None, validation_alias="SAPIENS2_MLFLOW_DB_DSN", repr=False)
+
+    def __init__(self, **values: Any) -> None:
+        # Keyword arguments by field name are mapped to the variable names here instead of turning
+        # on pydantic's validate_by_name, which would also read a stray `host` or `prefix` variable.
+        fields = type(self).model_fields
+        super().__init__(**{(fields[k].validation_alias if k in fields else k): v for k, v in values.items()})
+
+    @field_validator("prefix")
+    @classmethod
+    def _strip_slashes(cls, prefix: str) -> str:
+        return prefix.strip("/")
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> ServiceSettings:
-        path = Path(path or os.environ.get("SAPIENS2_SETTINGS_FILE") or DEFAULT_SETTINGS_FILE)
-        file_values = dotenv_values(path) if path.is_file() else {}
-
-        def get(key: str, default: str | None = None) -> str | None:
-            return _lookup(file_values, key, default)
-
-        return cls(
-            host=get("SAPIENS2_HOST", "127.0.0.1"),
-            s3_port=int(get("SAPIENS2_S3_PORT", "9100")),
-            mlflow_port=int(get("SAPIENS2_MLFLOW_PORT", "5000")),
-            dagster_port=int(get("SAPIENS2_DAGSTER_PORT", "3000")),
-            bucket=get("SAPIENS2_S3_BUCKET", "sapiens2"),
-            prefix=(get("SAPIENS2_S3_PREFIX", "") or "").strip("/"),
-            region=get("AWS_DEFAULT_REGION", "us-east-1"),
-            s3_endpoint_url=get("SAPIENS2_S3_ENDPOINT_URL"),
-            access_key_id=get("AWS_ACCESS_KEY_ID"),
-            secret_access_key=get("AWS_SECRET_ACCESS_KEY"),
-            session_token=get("AWS_SESSION_TOKEN"),
-            mlflow_db_dsn=get("SAPIENS2_MLFLOW_DB_DSN"),
-        )
+        """The environment over `path` (default `$SAPIENS2_SETTINGS_FILE`, else `infra/stack.env`);
+        a missing file contributes nothing. ValueError naming the variable for a bad value."""
+        settings_file = Path(path or os.environ.get(SETTINGS_FILE_ENV) or DEFAULT_SETTINGS_FILE)
+        try:
+            return cls(_env_file=settings_file)
+        except ValidationError as exc:
+            raise ValueError(_describe_errors(exc, settings_file)) from None
 
     def key(self, *parts: str) -> str:
         """An object key under the configured prefix: key('dvc') -> '<prefix>/dvc'."""
@@ -77,7 +85,7 @@ class ServiceSettings:
         return f"s3://{self.bucket}/{self.key(*parts)}"
 
     def with_endpoint(self, endpoint_url: str | None) -> ServiceSettings:
-        return ServiceSettings(**{**self.__dict__, "s3_endpoint_url": endpoint_url})
+        return self.model_copy(update={"s3_endpoint_url": endpoint_url})
 
     def aws_env(self) -> dict[str, str]:
         """The variables boto3, DVC (s3fs) and the MLflow server read for S3 access.
@@ -99,6 +107,22 @@ class ServiceSettings:
         return env
 
 
+def _describe_errors(exc: ValidationError, settings_file: Path) -> str:
+    """One line per bad value: the variable, its value unless secret, where it came from, and why.
+    The error locations are the variable names because every field has its alias."""
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"])
+        source = "the environment" if os.environ.get(name) else str(settings_file)
+        value = "" if _is_secret(name) else f"={error['input']!r}"
+        lines.append(f"{name}{value} (from {source}): {error['msg']}")
+    return "invalid service settings: " + "; ".join(lines)
+
+
+def _is_secret(key: str) -> bool:
+    return key in SECRET_KEYS or "SECRET" in key or "PASSWORD" in key
+
+
 def redact(env: dict[str, str]) -> dict[str, str]:
     """A copy of `env` safe to print: secret values replaced by '***'."""
-    return {k: ("***" if k in SECRET_KEYS or "SECRET" in k or "PASSWORD" in k else v) for k, v in env.items()}
+    return {k: ("***" if _is_secret(k) else v) for k, v in env.items()}

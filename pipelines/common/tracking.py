@@ -111,6 +111,17 @@ def start_stage_run(stage: str, run_name: str, tags: Mapping[str, str] | None = 
         yield run
 
 
+def find_run(stage: str, tag: str, value: str, client: mlflow.MlflowClient | None = None) -> str:
+    """Id of the newest run in `sapiens2/<stage>` tagged `tag = value`, or "" when there is none."""
+    client = client or mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name(EXPERIMENT_PREFIX + stage)
+    if experiment is None:
+        return ""
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{tag}` = '{value}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else ""
+
+
 def flatten_config(cfg: Mapping, prefix: str = "") -> dict[str, str]:
     """Flatten nested mappings to dotted keys (`optim.lr`) with string values."""
     flat: dict[str, str] = {}

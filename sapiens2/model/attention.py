@@ -40,13 +40,8 @@ class GroupedQueryAttention(nn.Module):
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        num_kv_heads: int,
-        layer_scale_init: float | None = 1e-4,
-        norm_eps: float = 1e-6,
-        qk_norm: bool = True,
+        self, dim: int, num_heads: int, num_kv_heads: int, layer_scale_init: float | None = 1e-4,
+        norm_eps: float = 1e-6, qk_norm: bool = True,
     ) -> None:
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:

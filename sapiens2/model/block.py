@@ -35,14 +35,8 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        num_kv_heads: int,
-        ffn_hidden: int,
-        layer_scale_init: float | None = 1e-4,
-        norm_eps: float = 1e-6,
-        qk_norm: bool = True,
+        self, dim: int, num_heads: int, num_kv_heads: int, ffn_hidden: int,
+        layer_scale_init: float | None = 1e-4, norm_eps: float = 1e-6, qk_norm: bool = True,
     ) -> None:
         super().__init__()
         self.ln1 = RMSNorm(dim, eps=norm_eps)

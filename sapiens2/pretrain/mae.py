@@ -81,14 +81,8 @@ class MAEDecoder(nn.Module):
     """
 
     def __init__(
-        self,
-        encoder_dim: int,
-        decoder_dim: int = 256,
-        depth: int = 2,
-        num_heads: int = 8,
-        patch_size: int = 16,
-        num_prefix_tokens: int = 9,
-        in_chans: int = 3,
+        self, encoder_dim: int, decoder_dim: int = 256, depth: int = 2, num_heads: int = 8,
+        patch_size: int = 16, num_prefix_tokens: int = 9, in_chans: int = 3,
     ) -> None:
         super().__init__()
         self.decoder_dim = decoder_dim
@@ -102,11 +96,7 @@ class MAEDecoder(nn.Module):
         nn.init.trunc_normal_(self.mask_token, std=0.02)
 
     def forward_features(
-        self,
-        tokens: torch.Tensor,
-        keep_idx: torch.Tensor,
-        mask_idx: torch.Tensor,
-        grid: tuple[int, int],
+        self, tokens: torch.Tensor, keep_idx: torch.Tensor, mask_idx: torch.Tensor, grid: tuple[int, int]
     ) -> torch.Tensor:
         """Normalised decoder states (B, N_mask, decoder_dim) at the masked positions: what the
         pixel predictor and the dense distillation predictor both read."""
@@ -121,11 +111,7 @@ class MAEDecoder(nn.Module):
         return self.norm(x[:, -mask_idx.shape[1] :])
 
     def forward(
-        self,
-        tokens: torch.Tensor,
-        keep_idx: torch.Tensor,
-        mask_idx: torch.Tensor,
-        grid: tuple[int, int],
+        self, tokens: torch.Tensor, keep_idx: torch.Tensor, mask_idx: torch.Tensor, grid: tuple[int, int]
     ) -> torch.Tensor:
         return self.pred(self.forward_features(tokens, keep_idx, mask_idx, grid))
 

@@ -65,11 +65,8 @@ class PretrainStudent(nn.Module):
         self.cfg = cfg
 
     def student_output(
-        self,
-        global_crops: Sequence[torch.Tensor],
-        local_crops: Sequence[torch.Tensor],
-        keep_idx: Sequence[torch.Tensor],
-        mask_idx: Sequence[torch.Tensor],
+        self, global_crops: Sequence[torch.Tensor], local_crops: Sequence[torch.Tensor],
+        keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor],
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """Pixel predictions and patch logits at the masked positions, CLS logits of every crop."""
         images = torch.cat(list(global_crops))
@@ -137,12 +134,8 @@ class PretrainStudent(nn.Module):
                 "loss_koleo": loss_koleo, **watched}
 
     def forward(
-        self,
-        global_crops: Sequence[torch.Tensor],
-        local_crops: Sequence[torch.Tensor],
-        keep_idx: Sequence[torch.Tensor],
-        mask_idx: Sequence[torch.Tensor],
-        teacher: dict,
+        self, global_crops: Sequence[torch.Tensor], local_crops: Sequence[torch.Tensor],
+        keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor], teacher: dict,
     ) -> dict[str, torch.Tensor]:
         if not len(global_crops) == len(keep_idx) == len(mask_idx) == len(teacher["cls_probs"]) >= 2:
             raise ValueError(

@@ -10,7 +10,9 @@ newest tag with a completion record.
 
 A manager built with an `identity` (recipe hash, data hash, world size: whatever must be equal
 for a resume to continue the same run) refuses to resume a checkpoint recorded with another one,
-naming the fields that differ, instead of silently continuing an old recipe.
+naming the fields that differ, instead of silently continuing an old recipe; one built with
+`restart_on_mismatch` deletes such a checkpoint and starts fresh instead (asked for by the Dagster
+assets, whose new materialisation owns the folder, while a re-execution of the same run resumes).
 """
 
 from __future__ import annotations
@@ -69,18 +71,20 @@ class CheckpointManager:
     steps, so a resumed loop continues at `range(step, total_steps)`.
     """
 
-    def __init__(self, root: str | Path, every_n_steps: int, keep_last: int, identity: dict[str, str] | None = None):
+    def __init__(self, root: str | Path, every_n_steps: int, keep_last: int, identity: dict[str, str] | None = None,
+                 restart_on_mismatch: bool = False):
         if every_n_steps < 1 or keep_last < 1:
             raise ValueError(f"every_n_steps ({every_n_steps}) and keep_last ({keep_last}) must be >= 1")
         self.root = Path(root)
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
         self.identity = identity
+        self.restart_on_mismatch = restart_on_mismatch
 
     @classmethod
-    def from_section(cls, root: str | Path, section: CheckpointSection,
-                     identity: dict[str, str] | None = None) -> CheckpointManager:
-        return cls(root, section.every_n_steps, section.keep_last, identity)
+    def from_section(cls, root: str | Path, section: CheckpointSection, identity: dict[str, str] | None = None,
+                     restart_on_mismatch: bool = False) -> CheckpointManager:
+        return cls(root, section.every_n_steps, section.keep_last, identity, restart_on_mismatch)
 
     def should_save(self, step: int) -> bool:
         """Whether to checkpoint after `step` completed optimizer steps."""
@@ -129,7 +133,8 @@ class CheckpointManager:
                                 for k in sorted(set(saved) | set(self.identity)) if saved.get(k) != self.identity.get(k))
         raise CheckpointMismatch(
             f"{self.root / _tag(step)} belongs to another run ({differs}); resuming needs the same recipe, "
-            f"data and world size: write to a new output folder, or delete {self.root} to start over")
+            f"data and world size: write to a new output folder, delete {self.root} to start over, or launch "
+            "with --restart-on-mismatch")
 
     def resume(self, engine: deepspeed.DeepSpeedEngine) -> tuple[int, dict[str, Any]] | None:
         """Collective: load the newest complete checkpoint into `engine` (weights, fp32 master
@@ -140,11 +145,27 @@ class CheckpointManager:
         step = self.latest_step()
         if step is None:
             return None
-        self.check_identity(step)
+        try:
+            self.check_identity(step)
+        except CheckpointMismatch as mismatch:
+            if not self.restart_on_mismatch:
+                raise
+            log.warning("%s; deleting its checkpoints and starting fresh, as asked", mismatch)
+            self._discard()
+            return None
         load_path, state = engine.load_checkpoint(str(self.root), tag=_tag(step))
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load {self.root / _tag(step)}")
         return state["sapiens2_step"], state["sapiens2_client_state"]
+
+    def _discard(self) -> None:
+        """Collective: remove every checkpoint under `root` (every rank decided the same)."""
+        dist.barrier()
+        if dist.get_rank() == 0:
+            for tag in self._tags():
+                shutil.rmtree(self.root / tag)
+            (self.root / "latest").unlink(missing_ok=True)
+        dist.barrier()
 
     def _tags(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _TAG.match(p.name))

@@ -32,11 +32,7 @@ def _warmup(base: float, warmup_steps: int, start_factor: float) -> np.ndarray:
 
 
 def warmup_linear_decay(
-    base: float,
-    total_steps: int,
-    warmup_steps: int,
-    min_ratio: float = 0.0,
-    start_factor: float = 1e-3,
+    base: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0, start_factor: float = 1e-3
 ) -> np.ndarray:
     """Linear warmup from start_factor*base to base, then linear decay to min_ratio*base at the
     last step (the Sapiens2 fine-tuning recipe: 1e-3x warmup, decay to 0)."""
@@ -46,11 +42,7 @@ def warmup_linear_decay(
 
 
 def warmup_cosine(
-    base: float,
-    total_steps: int,
-    warmup_steps: int,
-    min_ratio: float = 0.0,
-    start_factor: float = 1e-3,
+    base: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0, start_factor: float = 1e-3
 ) -> np.ndarray:
     """Linear warmup from start_factor*base to base, then half-cosine decay to min_ratio*base."""
     _check_lengths(total_steps, warmup_steps)

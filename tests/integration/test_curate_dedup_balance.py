@@ -14,8 +14,7 @@ import pytest
 
 from pipelines.curate import curate
 from sapiens2.curation import BalanceConfig, CurationConfig, EmbeddingConfig
-from sapiens2.data.synth import generate_pool
-from tests.integration.test_curate_pool import THRESHOLDS
+from tests.integration.test_curate_pool import THRESHOLDS, generated_pool
 
 CONFIG = CurationConfig(workers=1, embedding=EmbeddingConfig(near_dup_cosine=0.93),
                         balance=BalanceConfig(target_size=40, clusters=8, top_clusters=3))
@@ -23,15 +22,12 @@ CONFIG = CurationConfig(workers=1, embedding=EmbeddingConfig(near_dup_cosine=0.9
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pool")
-    labels = generate_pool(root, n_people=80, seed=11, workers=1, progress=False)
-    return root, labels
+    return generated_pool(tmp_path_factory, n_people=80, seed=11, workers=1)
 
 
 @pytest.fixture(scope="module")
 def curated(pool, tmp_path_factory):
-    root, _ = pool
-    return curate(root, tmp_path_factory.mktemp("curated"), CONFIG)
+    return curate(pool[0], tmp_path_factory.mktemp("curated"), CONFIG)
 
 
 def _scores(labels: pd.DataFrame, manifest: pd.DataFrame) -> dict[str, tuple[float, float]]:

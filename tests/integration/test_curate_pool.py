@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -35,11 +36,15 @@ CONTRACT_COLUMNS = {"id", "path", "status", "reason", "width", "height", "short_
                     "clipped_fraction", "person_score", "num_persons", "text_score", "phash", "dup_group", "split"}
 
 
+def generated_pool(tmp_path_factory, n_people: int, seed: int, workers: int) -> tuple[Path, pd.DataFrame]:
+    """A synthetic raw pool in a fresh folder, with the generator's labels of what each image is."""
+    root = tmp_path_factory.mktemp("pool")
+    return root, generate_pool(root, n_people=n_people, seed=seed, workers=workers, progress=False)
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pool")
-    labels = generate_pool(root, n_people=140, seed=7, workers=2, progress=False)
-    return root, labels
+    return generated_pool(tmp_path_factory, n_people=140, seed=7, workers=2)
 
 
 @pytest.fixture(scope="module")

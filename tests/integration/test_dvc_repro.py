@@ -1,7 +1,7 @@
 """`dvc repro` runs the stages as `dvc.yaml` writes them, and a stage's output has the same DVC
 md5 whichever way it ran: the CLI verb under DVC or the Dagster asset (the steps own their
-outputs, the assets only call them and report), from the raw pool through pretraining and all
-ten fine-tunes."""
+outputs, the assets only call them and report), from the raw pool through pretraining, all ten
+fine-tunes and the evaluation report."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from assets.curation import curated_dataset, pool_shards, raw_pool, versioned_dataset
+from assets.registry import evaluation_report
 from assets.resources import DvcResource, PlatformResource
 from assets.training import finetuned_models, pretrained_backbone, scratch_models
 from tests.conftest import SMALL_RECIPE, make_workspace
@@ -69,10 +70,10 @@ TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
 
 @pytest.mark.slow
 def test_dvc_repro_trains_with_the_bytes_the_dagster_assets_write(tmp_path: Path, monkeypatch) -> None:
-    """Pretraining (2 ranks) and the ten fine-tunes: the same md5 per stage output either way.
-    Not evaluation: its report names the MLflow run it logged, which differs per run."""
+    """Pretraining (2 ranks), the ten fine-tunes and evaluation: the same md5 per stage output
+    either way (the report names the weights it scored, not the MLflow run that logged it)."""
     repro = make_workspace(tmp_path / "repro", TRAINING)
-    proc = _repro(repro, *(f"{stage}@{task}" for stage in ("finetune", "scratch") for task in TASKS))
+    proc = _repro(repro, "evaluate")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_dvc = _locked_md5(repro)
 
@@ -81,12 +82,12 @@ def test_dvc_repro_trains_with_the_bytes_the_dagster_assets_write(tmp_path: Path
     monkeypatch.setenv("SAPIENS2_DVC_REMOTE", str(tmp_path / "dvc-remote"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run = dg.materialize([raw_pool, pool_shards, curated_dataset, versioned_dataset, pretrained_backbone,
-                          *finetuned_models, *scratch_models],
+                          *finetuned_models, *scratch_models, evaluation_report],
                          resources={"platform": PlatformResource(), "dvc": DvcResource(),
                                     "pipes_subprocess_client": dg.PipesSubprocessClient()},
                          instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
     assert run.success, [str(e.event_specific_data) for e in run.all_events if e.is_failure]
     by_dagster = _locked_md5(dagster)
     outs = ["data/raw", "data/curated", "models/pretrain", *(f"models/{t}" for t in TASKS),
-            *(f"models/scratch/{t}" for t in TASKS)]
+            *(f"models/scratch/{t}" for t in TASKS), "reports/eval"]
     assert {o: by_dagster[o] for o in outs} == {o: by_dvc[o] for o in outs}

@@ -1,6 +1,7 @@
 """MLflow tracking server down at registration: the `registered_models` asset fails with an error
 naming the server, and once the server is back a rerun registers each model exactly once (a
-second rerun reuses the versions instead of adding duplicates)."""
+second rerun reuses the versions instead of adding duplicates). Weights replaced after their
+evaluation are refused; a task that failed its gate is held back alone."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from mlflow import MlflowClient
 
 from assets.registry import registered_models
 from assets.resources import DvcResource, PlatformResource
+from pipelines.common.lineage import model_sha256
 from tests.conftest import make_workspace
 from tests.unit.test_predict import SIZE, make_model_dir
 
@@ -74,7 +76,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         make_model_dir(root / "models" / task, task)
     report = {"split_id": "split-7", "tasks": [
         {"task": task, "primary_metric": metric, "higher_is_better": True, "metrics": {metric: value},
-         "baseline": {metric: base}, "beats_baseline": True}
+         "baseline": {metric: base}, "beats_baseline": True, "model_sha256": model_sha256(root / "models" / task)}
         for task, (metric, value, base) in TASKS.items()]}
     (root / "reports" / "eval").mkdir(parents=True)
     (root / "reports" / "eval" / "metrics.json").write_text(json.dumps(report))
@@ -111,6 +113,7 @@ def test_registration_with_server_down_fails_clearly_and_rerun_does_not_duplicat
             assert _versions(client, f"sapiens2-{task}") == ["1"]
             version = client.get_model_version(f"sapiens2-{task}", "1")
             assert version.tags["eval.split_id"] == "split-7" and version.tags["dvc.model_md5"]
+            assert version.tags["model.sha256"] == model_sha256(workspace / "models" / task)
     assert _reused(first) == ["False"] * len(TASKS)
     assert _reused(again) == ["True"] * len(TASKS)
 
@@ -141,3 +144,15 @@ def test_a_task_that_failed_its_gate_is_not_registered(workspace: Path, monkeypa
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     assert [str(v) for v in _versions(client, "sapiens2-seg")] == ["1"]
     assert not client.search_registered_models(filter_string="name = 'sapiens2-albedo'")
+
+
+def test_weights_replaced_after_evaluation_are_not_registered(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another run overwrote models/seg after this report scored it: registering it under the
+    report's metrics would tag other weights with them."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    weights = workspace / "models" / "seg" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")
+    result = dg.materialize([registered_models], resources=RESOURCES, raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).event_specific_data.error.to_string()
+    assert f"{workspace / 'models' / 'seg'}: its weights" in failure and "not the ones the evaluation report scored" in failure

@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from infra import serve_smoke
 from pipelines.common import tracking
 from pipelines.common.config import load_config
-from pipelines.common.lineage import Lineage
+from pipelines.common.lineage import Lineage, model_sha256
 from pipelines.common.model_registry import Production, Request
 from pipelines.promote import promote
 from pipelines.register import register_task
@@ -52,7 +52,8 @@ def _registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     for task, result in RESULTS.items():
         (tmp_path / "models" / task).mkdir(parents=True)
         model_dir = make_model_dir(tmp_path / "models" / task, task)
-        reg = register_task(config, {"task": task, **result}, "split-1", model_dir, f"md5-{task}",
+        reg = register_task(config, {"task": task, **result, "model_sha256": model_sha256(model_dir)}, "split-1",
+                            model_dir, f"md5-{task}",
                             Lineage("dagster-run", "data-md5", "backbone-md5", "abc123"))
         decision = promote(reg.model_name, reg.version, result["primary_metric"], True, "split-1", client=client,
                            production=Production.for_model(reg.model_name, client), request=Request(reason="serve test"))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from sapiens2.model import ARCHS, build_backbone
 from sapiens2.model.tokenizer import window_partition, window_patch_index
+from tests.unit.test_backbone import training_step_flops
 
 LISTING = Path(__file__).resolve().parents[3] / "shared" / "reference" / "official_backbone_state_dicts.json"
 PREFIX = 9
@@ -201,13 +201,7 @@ def test_masked_4k_step_costs_under_half_of_full_step():
     backbone = build_backbone("sapiens2_debug_4k", img_size=(256, 192))
     images = torch.randn(1, 3, 256, 192)
     keep = torch.randperm(12)[:3].unsqueeze(0)  # mask ratio 0.75 on the 4x3 pooled grid
-
-    def step_flops(keep_idx):
-        with FlopCounterMode(display=False) as counter:
-            backbone.forward_tokens(images, keep_idx).square().mean().backward()
-        return counter.get_total_flops()
-
-    assert step_flops(keep) < 0.5 * step_flops(None)
+    assert training_step_flops(backbone, images, keep) < 0.5 * training_step_flops(backbone, images, None)
 
 
 def test_4k_config_and_optimiser_groups():

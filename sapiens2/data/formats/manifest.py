@@ -33,16 +33,11 @@ def stored_labels(sample: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def read_manifest(
-    root: str | Path,
-    split: str | None = None,
-    fields: Sequence[str] | None = None,
-    num_keypoints: int = 17,
-    num_classes: int = len(SEG_CLASSES),
+    root: str | Path, split: str | None = None, fields: Sequence[str] | None = None,
+    num_keypoints: int = 17, num_classes: int = len(SEG_CLASSES),
 ) -> Iterator[dict[str, Any]]:
-    """Kept, labelled samples of `split` (all splits when None) in id order.
-
-    fields=None yields every label array each file holds; otherwise each must be present.
-    """
+    """Kept, labelled samples of `split` (all splits when None) in id order. fields=None yields
+    every label array each file holds; otherwise each must be present."""
     root = Path(root)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():

@@ -137,11 +137,8 @@ def _load_shard(path: Path, entry: dict[str, Any]) -> pd.DataFrame:
 
 
 def read_shards(
-    root: str | Path,
-    split: str | None = None,
-    fields: Sequence[str] | None = None,
-    num_keypoints: int = 17,
-    num_classes: int = len(SEG_CLASSES),
+    root: str | Path, split: str | None = None, fields: Sequence[str] | None = None,
+    num_keypoints: int = 17, num_classes: int = len(SEG_CLASSES),
 ) -> Iterator[dict[str, Any]]:
     """Samples of `split` (all splits when None) in stored order, one shard read at a time.
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from sapiens2.data.augment import mask_bbox
 from sapiens2.data.synth.body import build_shapes, keypoints_3d, pose_skeleton
 from sapiens2.data.synth.camera import sample_camera
 from sapiens2.data.synth.outfit import Outfit, sample_outfit
@@ -52,13 +53,6 @@ def _visibility(pts_cam: np.ndarray, xy: np.ndarray, kp, hits: Hits, names: list
                        and pts_cam[k, 2] - hits.depth[row, col] <= kp.tolerance[k]):
             vis[k] = 2.0
     return vis
-
-
-def _bbox(mask: np.ndarray) -> np.ndarray:
-    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
-    if len(rows) == 0:
-        return np.zeros(4, np.float32)
-    return np.array([cols[0], rows[0], cols[-1] + 1, rows[-1] + 1], np.float32)
 
 
 def _light(rng: np.random.Generator) -> tuple[np.ndarray, float, np.ndarray]:
@@ -133,5 +127,5 @@ def render_person(rng: np.random.Generator, height: int = 128, width: int = 96,
         pointmap=hits.points.astype(np.float32),
         albedo=np.round(albedo * 255).astype(np.uint8),
         K=K.astype(np.float32),
-        bbox=_bbox(mask),
+        bbox=mask_bbox(mask),
     )
