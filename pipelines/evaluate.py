@@ -37,10 +37,18 @@ Predict = Callable[[dict[str, Any]], Any]
 Scored = tuple[dict[str, float], tuple[np.ndarray, list]]
 
 
-def split_id(data: CuratedDataset, data_md5: str) -> str:
-    """Names the evaluation split: the dataset version plus the exact ids in it."""
-    digest = hashlib.sha256("\n".join([data_md5, *data.ids]).encode()).hexdigest()
-    return digest[:16]
+def split_id(data: CuratedDataset) -> str:
+    """Names the evaluation split by what it holds: each id with the bytes of its image and label
+    file. A relabelled or re-rendered val set gets a new id even where `dvc.lock` was not updated,
+    and a split read from another copy of the same files keeps its id."""
+    digest = hashlib.sha256()
+    for sample_id, image_file in zip(data.ids, data.image_files):
+        digest.update(f"{sample_id}\n".encode())
+        for path in (data.root / "images" / image_file, data.root / "labels" / f"{sample_id}.npz"):
+            if path.is_file():  # pretraining-only images carry no labels
+                with open(path, "rb") as f:
+                    digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:16]
 
 
 def _task(name: str, config: PlatformConfig) -> Task:
@@ -135,7 +143,7 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
     """
     output_dir.mkdir(parents=True, exist_ok=True)
     height, width = config.image_size
-    sid = split_id(CuratedDataset(curated_dir, "val", height, width, tasks=()), lineage.data_md5)
+    sid = split_id(CuratedDataset(curated_dir, "val", height, width, tasks=()))
     results, grids = [], []
     with RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
         for name in TASK_NAMES:

@@ -117,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.rank_worker:
         config = load_config(args.config)
-        pretrained = None if args.from_scratch or config.finetune.init_checkpoint else args.backbone
-        train(config, args.task, args.curated, backbone_path(config), args.output, Lineage.from_env(args.curated, pretrained),
-              args.restart_on_mismatch)
+        published = config.finetune.init_checkpoint and not args.from_scratch
+        lineage = Lineage.from_env(args.curated, None if args.from_scratch or published else args.backbone)
+        if published:  # not a DVC output: recorded (and checked on resume) by its bytes
+            lineage = lineage.with_backbone_file(backbone_path(config))
+        train(config, args.task, args.curated, backbone_path(config), args.output, lineage, args.restart_on_mismatch)
         return 0
     config = resolve_config(args)
     path = backbone_path(config)

@@ -11,7 +11,9 @@ registered model (`<name>-production`, or the same name in a separate registry g
 `$SAPIENS2_PRODUCTION_REGISTRY_URI`) and `champion` moves there; the replaced champion stays
 reachable as `previous`. The copy records who, when, why, from which version and evaluation
 run. Judging and moving the aliases happen under the target model's registry lock, so two
-racing promotions are serialised: each judges against the champion the other left.
+racing promotions are serialised: each judges against the champion the other left. A promotion
+killed between its copy and the alias move leaves a production version that is not champion; the
+rerun finds it (`_existing_copy`) and moves the alias to it instead of copying again.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
-from pipelines.common.model_registry import (CHAMPION, DEMOTED_TAG, GATE_PASSED_TAG, GATE_REASON_TAG, PREVIOUS,
-                                             PRODUCTION_SUFFIX, SPLIT_TAG, Production, Request)
+from pipelines.common.model_registry import (CHAMPION, DEMOTED_TAG, GATE_PASSED_TAG, GATE_REASON_TAG, MODEL_SHA_TAG,
+                                             PREVIOUS, PRODUCTION_SUFFIX, SPLIT_TAG, Production, Request)
 from pipelines.common.registry_lock import registry_lock
 from pipelines.common.tracking import tracking_uri_for
 from pipelines.common.workspace import Workspace
@@ -98,6 +100,20 @@ def _judge(challenger: ModelVersion, champion: ModelVersion | None, metric_name:
                     f" ({'higher' if higher_is_better else 'lower'} is better)")
 
 
+def _existing_copy(challenger: ModelVersion, production: Production) -> ModelVersion | None:
+    """A production version already made from `challenger` and never rolled back: a copy whose
+    source is the challenger (same registry), that names it as `promotion.source`, or that carries
+    its weights' hash on the same split (a copy keeps the challenger's tags)."""
+    weights = challenger.tags.get(MODEL_SHA_TAG)
+    for mv in production.client.search_model_versions(f"name = '{production.name}'"):
+        same_weights = weights is not None and mv.tags.get(MODEL_SHA_TAG) == weights \
+            and mv.tags.get(SPLIT_TAG) == challenger.tags.get(SPLIT_TAG)
+        made_from = mv.source == source_uri(challenger) or mv.tags.get("promotion.source") == source_uri(challenger)
+        if (made_from or same_weights) and not mv.tags.get(DEMOTED_TAG):
+            return mv
+    return None
+
+
 def _copy(challenger: ModelVersion, client: MlflowClient, production: Production) -> ModelVersion:
     """The challenger as a new version of the production model (same artifacts, same tags)."""
     if production.client is client or production.client.tracking_uri == client.tracking_uri:
@@ -135,7 +151,7 @@ def promote(model_name: str, version: str | int, metric_name: str, higher_is_bet
         new_champion = challenger
         if promoted:
             if production is not None:
-                new_champion = _copy(challenger, client, production)
+                new_champion = _existing_copy(challenger, production) or _copy(challenger, client, production)
                 copy_tags = {**request.tags("promotion"), "promotion.source": source_uri(challenger),
                              "promotion.replaced": str(champion.version) if champion is not None else "none",
                              "promotion.gate": reason}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,11 @@ def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:
 
 
 MODEL_FILES = ("model.json", "model.safetensors")  # a task model folder's content; the rest is logs
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def model_sha256(model_dir: Path) -> str:
@@ -66,6 +71,11 @@ class Lineage:
             backbone_md5=dvc_hash(backbone_dir, ws),
             git_commit=tracking.git_commit(ws.root),
         )
+
+    def with_backbone_file(self, path: Path) -> Lineage:
+        """This lineage naming its backbone by the file's content (`sha256:<hex>`): what a fine-tune
+        from `finetune.init_checkpoint` (published weights DVC does not track) started from."""
+        return replace(self, backbone_md5=f"sha256:{file_sha256(path)}")
 
     def resume_identity(self, recipe: dict[str, Any], world_size: int) -> dict[str, str]:
         """What a checkpoint must have been written with for this run to resume it: the recipe

@@ -5,13 +5,15 @@ An object is fetched once through the project's S3 client (`pipelines.common.s3`
 credentials, retries) into ``$SAPIENS2_MODEL_CACHE`` (default ``~/.cache/sapiens2/models``),
 checked against the object (size, the MD5 ETag of single-part objects, the ``sha256`` metadata
 `pipelines.common.s3.upload_verified` records), and renamed into place only then, so a killed or corrupt
-download never leaves a file that looks complete. Keys are taken as immutable: a cached file is
-reused without asking S3 again (workers start offline and fast), so publish new weights under a
-new key.
+download never leaves a file that looks complete. Beside each cached file a stamp records the
+object's ETag; a later fetch asks S3 once (one try, short timeouts) and downloads again when the
+object changed under its key, so a republished model is never scored with stale weights. When S3
+does not answer, the cached copy is used and a warning says so (curation can run offline).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -19,9 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipelines.common.s3 import UploadVerificationError, client, download_problems, split_uri
+from pipelines.common.s3 import ONE_TRY, UploadVerificationError, client, download_problems, split_uri
 
 MODEL_CACHE_ENV = "SAPIENS2_MODEL_CACHE"
+log = logging.getLogger(__name__)
 
 
 def model_cache_dir() -> Path:
@@ -33,7 +36,7 @@ def fetch_model(uri: str, *, field: str = "model", cache_dir: str | Path | None 
                 s3=None) -> Path:
     """The cached local copy of ``s3://bucket/key``, downloaded and checked if not cached yet;
     errors name ``field``. ``settings``/``s3`` default to the environment's (`pipelines.common.s3.client`)."""
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         bucket, key = split_uri(uri)
@@ -45,8 +48,16 @@ def fetch_model(uri: str, *, field: str = "model", cache_dir: str | Path | None 
     target = (cache / bucket / key).resolve()
     if cache not in target.parents:
         raise ValueError(f"{field}: {uri!r}: key leaves the model cache {cache}")
-    if target.is_file():
-        return target
+    stamp = target.with_name(f".{target.name}.etag")
+    if target.is_file() and stamp.is_file():
+        try:
+            head = (s3 or client(settings, ONE_TRY)).head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:  # offline, or the object is gone: the copy is what we have
+            log.warning("%s: could not check %s against S3 (%s); using the cached copy %s", field, uri, exc, target)
+            return target
+        if head["ETag"] == stamp.read_text():
+            return target
+        log.warning("%s: %s changed since it was cached; downloading it again", field, uri)
     s3 = s3 or client(settings)
     try:
         head = s3.head_object(Bucket=bucket, Key=key)
@@ -68,6 +79,8 @@ def fetch_model(uri: str, *, field: str = "model", cache_dir: str | Path | None 
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)
+    # Written after the file: a crash in between leaves no stamp, and the next fetch downloads again.
+    stamp.write_text(head["ETag"])
     return target
 
 

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 RETRIES = Config(retries={"mode": "adaptive", "max_attempts": 8}, connect_timeout=5, read_timeout=60)
+# One try, short timeouts: for a question whose answer is optional (is a cached copy still current?).
+ONE_TRY = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=2, read_timeout=10)
 
 
 class UploadVerificationError(RuntimeError):
@@ -44,13 +46,13 @@ class StoredObject:
     etag: str
 
 
-def client(settings: ServiceSettings | None = None):
-    """An S3 client for the configured endpoint (None = AWS) with retries and backoff."""
+def client(settings: ServiceSettings | None = None, config: Config = RETRIES):
+    """An S3 client for the configured endpoint (None = AWS), by default with retries and backoff."""
     settings = settings or ServiceSettings.load()
     return boto3.client(
         "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.region,
         aws_access_key_id=settings.access_key_id, aws_secret_access_key=settings.secret_access_key,
-        aws_session_token=settings.session_token, config=RETRIES,
+        aws_session_token=settings.session_token, config=config,
     )
 
 
@@ -147,11 +149,14 @@ def publish_checkpoint(files: list[Path], key: str, settings: ServiceSettings, *
     The manifest (file names, sizes, sha256, ETags) is the record: a reader takes a prefix as a
     checkpoint only when it exists, so an upload that fails part-way never looks like one. On
     failure the objects already stored under the key are deleted and the error propagates.
+    Republishing to a key (a retried step) deletes the old manifest before any file it names is
+    replaced, so no record ever points at objects a failed republish removed.
     """
     s3 = s3 or client(settings)
     missing = [str(p) for p in files if not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"checkpoint files missing: {', '.join(missing)}")
+    s3.delete_object(Bucket=settings.bucket, Key=settings.key(key, MANIFEST))  # no-op when there is none
     stored: list[StoredObject] = []
     try:
         for path in files:

@@ -8,6 +8,10 @@ write it ourselves, durably (fsync, atomic rename), after a barrier; a job kille
 resumes from the previous complete checkpoint, and a `latest` lost to a crash falls back to the
 newest tag with a completion record.
 
+DeepSpeed loads its state with pickle, so a checkpoint is loaded only when every file in its tag
+still has the sha256 the completion record noted at save time; a file swapped or changed since
+(checkpoint folders are DVC outputs, shared and pulled) is refused before DeepSpeed opens it.
+
 A manager built with an `identity` (recipe hash, data hash, world size: whatever must be equal
 for a resume to continue the same run) refuses to resume a checkpoint recorded with another one,
 naming the fields that differ, instead of silently continuing an old recipe; one built with
@@ -17,6 +21,7 @@ assets, whose new materialisation owns the folder, while a re-execution of the s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -97,7 +102,8 @@ class CheckpointManager:
         engine.save_checkpoint(str(self.root), tag=tag, client_state=state, save_latest=False)
         dist.barrier()  # every rank's shards are on disk before the tag is called complete
         if dist.get_rank() == 0:
-            write_durably(self.root / tag / RECORD, json.dumps({"step": step, "identity": self.identity}))
+            record = {"step": step, "identity": self.identity, "files": _file_hashes(self.root / tag)}
+            write_durably(self.root / tag / RECORD, json.dumps(record))
             write_durably(self.root / "latest", tag)
             for old in self._tags()[: -self.keep_last]:
                 shutil.rmtree(self.root / old)
@@ -136,6 +142,32 @@ class CheckpointManager:
             f"data and world size: write to a new output folder, delete {self.root} to start over, or launch "
             "with --restart-on-mismatch")
 
+    def check_files(self, step: int) -> None:
+        """Raise CheckpointMismatch unless the tag's files are exactly those its record hashed."""
+        folder = self.root / _tag(step)
+        saved = json.loads((folder / RECORD).read_text()).get("files")
+        if saved is None:
+            raise CheckpointMismatch(f"{folder}: its record holds no file hashes (written before checkpoints "
+                                     "were verified), so its pickled DeepSpeed state is not loaded")
+        now = _file_hashes(folder)
+        changed = sorted(name for name in set(saved) | set(now) if saved.get(name) != now.get(name))
+        if changed:
+            raise CheckpointMismatch(f"{folder}: {', '.join(changed[:5])} not as saved (sha256 differs, added or "
+                                     "missing); DeepSpeed's pickled state is loaded only from the files this "
+                                     "platform wrote")
+
+    def _check_files_on_rank_zero(self, step: int) -> None:
+        """Collective `check_files`: rank 0 reads the files once and tells every rank the verdict."""
+        verdict = [None]
+        if dist.get_rank() == 0:
+            try:
+                self.check_files(step)
+            except CheckpointMismatch as problem:
+                verdict = [str(problem)]
+        dist.broadcast_object_list(verdict, src=0)
+        if verdict[0]:
+            raise CheckpointMismatch(verdict[0])
+
     def resume(self, engine: deepspeed.DeepSpeedEngine) -> tuple[int, dict[str, Any]] | None:
         """Collective: load the newest complete checkpoint into `engine` (weights, fp32 master
         weights, optimizer moments) and return (step, client_state); None when starting fresh.
@@ -147,6 +179,7 @@ class CheckpointManager:
             return None
         try:
             self.check_identity(step)
+            self._check_files_on_rank_zero(step)
         except CheckpointMismatch as mismatch:
             if not self.restart_on_mismatch:
                 raise
@@ -169,6 +202,16 @@ class CheckpointManager:
 
     def _tags(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _TAG.match(p.name))
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under a checkpoint tag but its completion record, by relative path."""
+    hashes = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name != RECORD:
+            with open(path, "rb") as f:
+                hashes[str(path.relative_to(folder))] = hashlib.file_digest(f, "sha256").hexdigest()
+    return hashes
 
 
 def _gather_fp32(tensor: torch.Tensor) -> torch.Tensor:

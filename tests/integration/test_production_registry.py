@@ -176,3 +176,27 @@ def test_a_rollback_killed_before_its_alias_moves_is_repeated_by_the_next(
     assert "bad champion" in store.get_model_version(prod.name, "2").tags[DEMOTED_TAG]
     done = rollback(prod, Request(reason="bad champion", requested_by="bob"), dev_client=store)
     assert (done.restored_version, done.demoted_version) == ("1", "2") and _aliases(prod) == {"champion": "1"}
+
+
+def test_a_promotion_killed_after_its_copy_is_finished_by_the_rerun(store: MlflowClient, model: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between the production copy and the alias move: the rerun moves the alias to that
+    copy instead of adding a second one (no orphan, one champion)."""
+    prod = Production.for_model(model, store)
+    v1, v2 = _register(store, model, tmp_path, 0.5), _register(store, model, tmp_path, 0.7)
+    assert _promote(store, model, v1, prod).promoted
+
+    def killed(*_args, **_kwargs):
+        raise KeyboardInterrupt("killed before the alias moved")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "set_registered_model_alias", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _promote(store, model, v2, prod)
+    assert _aliases(prod) == {"champion": "1"}
+    assert len(store.search_model_versions(f"name = '{prod.name}'")) == 2  # the orphan copy
+
+    rerun = _promote(store, model, v2, prod)
+    assert rerun.promoted and rerun.production_version == "2"
+    assert _aliases(prod) == {"champion": "2", "previous": "1"}
+    assert len(store.search_model_versions(f"name = '{prod.name}'")) == 2

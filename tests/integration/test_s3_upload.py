@@ -211,3 +211,23 @@ def test_checkpoint_failing_part_way_leaves_no_record(moto_s3, tmp_path: Path,
         s3mod.read_checkpoint(f"s3://{settings.bucket}/team/run1/pretrain/run-2/checkpoint.json", settings)
     with pytest.raises(FileNotFoundError, match="missing"):
         s3mod.publish_checkpoint([tmp_path / "absent.safetensors"], "pretrain/run-3", settings)
+
+
+def test_a_failed_republish_leaves_no_manifest_naming_deleted_files(moto_s3, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retried step republishes to its key; when that fails part-way its cleanup deletes objects
+    the first manifest named, so the first manifest must already be gone."""
+    _, settings = moto_s3
+    weights, spec = _file(tmp_path, 1 * MIB), tmp_path / "model.json"
+    spec.write_text("{}")
+    first = s3mod.publish_checkpoint([weights, spec], "finetune/seg/run-4", settings)
+    assert s3mod.read_checkpoint(first.uri, settings)["files"]
+
+    def fails(path, key, *args, **kwargs):
+        raise s3mod.UploadVerificationError(f"s3://{settings.bucket}/{key}: size differs; object deleted")
+
+    monkeypatch.setattr(s3mod, "upload_verified", fails)
+    with pytest.raises(s3mod.UploadVerificationError):
+        s3mod.publish_checkpoint([weights, spec], "finetune/seg/run-4", settings)
+    with pytest.raises(FileNotFoundError, match="no checkpoint manifest"):
+        s3mod.read_checkpoint(first.uri, settings)

@@ -1,5 +1,5 @@
 """CheckpointManager's bookkeeping without an engine: which checkpoint counts as the newest
-complete one, and which run a checkpoint belongs to."""
+complete one, which run a checkpoint belongs to, and whether its files are the ones it saved."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sapiens2.train.checkpoint import RECORD, CheckpointManager, CheckpointMismatch
+from sapiens2.train.checkpoint import RECORD, CheckpointManager, CheckpointMismatch, _file_hashes
 
 IDENTITY = {"recipe_sha": "abc", "data_md5": "d1.dir", "backbone_md5": "none", "world_size": "2"}
 
@@ -45,3 +45,24 @@ def test_a_checkpoint_of_another_run_is_refused_naming_what_differs(tmp_path: Pa
     _tag(tmp_path, 6, identity=None)
     with pytest.raises(CheckpointMismatch, match="records no run identity"):
         CheckpointManager(tmp_path, 2, 1, identity=dict(IDENTITY)).check_identity(6)
+
+
+def test_only_the_files_a_checkpoint_saved_are_loaded(tmp_path: Path) -> None:
+    """DeepSpeed unpickles its state: a file changed, added or removed since the save is refused."""
+    tag = tmp_path / "step_00000004"
+    tag.mkdir()
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"model")
+    (tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"optimizer")
+    (tag / RECORD).write_text(json.dumps({"step": 4, "identity": IDENTITY, "files": _file_hashes(tag)}))
+    manager = CheckpointManager(tmp_path, 2, 1, identity=dict(IDENTITY))
+    manager.check_files(4)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"a pickle with a payload")
+    with pytest.raises(CheckpointMismatch, match=r"mp_rank_00_model_states.pt not as saved"):
+        manager.check_files(4)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"model")
+    (tag / "extra.pt").write_bytes(b"")
+    with pytest.raises(CheckpointMismatch, match=r"extra.pt not as saved"):
+        manager.check_files(4)
+    _tag(tmp_path, 6)  # a record from before checkpoints hashed their files
+    with pytest.raises(CheckpointMismatch, match="holds no file hashes"):
+        manager.check_files(6)

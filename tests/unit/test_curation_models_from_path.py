@@ -315,9 +315,17 @@ def test_models_load_from_s3_once_and_the_cache_is_reused(moto_s3, tiny_clip, br
     assert cached.read_bytes() == Path(tiny_clip["checkpoint"]).read_bytes()
     assert local.clip.checkpoint == str(cached) and local.onnx_person.model.endswith("/models/bright.onnx")
     assert (tmp_path / "cache" / settings.bucket / "team/run1/models/bright.onnx").is_file()
-    assert sorted(p.name for p in cached.parent.iterdir()) == ["bright.onnx", "tiny_clip.safetensors"]  # no partials
+    assert sorted(p.name for p in cached.parent.iterdir() if not p.name.startswith(".")) == [
+        "bright.onnx", "tiny_clip.safetensors"]
+    assert not list(cached.parent.glob("*.partial"))
     row = chain.assess(photos["astronaut"])
     assert row["realism"] is not None and row["det_score"] is not None
+    # Republished under the same key: the next fetch sees the new ETag and downloads it again.
+    republished = tmp_path / "republished.safetensors"
+    republished.write_bytes(Path(tiny_clip["checkpoint"]).read_bytes() + b"\0")
+    s3mod.upload_verified(republished, "models/tiny_clip.safetensors", settings)
+    assert fetch_model(clip_uri, field="curation.clip.checkpoint") == cached
+    assert cached.read_bytes() == republished.read_bytes()
     moto.stop()  # offline now: the cached file answers without S3
     try:
         assert fetch_model(clip_uri, field="curation.clip.checkpoint") == cached

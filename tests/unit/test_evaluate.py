@@ -4,6 +4,7 @@ train and scored on val beside the model, the untrained head and a from-scratch 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import cv2
@@ -13,7 +14,7 @@ import pytest
 
 from pipelines.common.config import load_config
 from pipelines.common.eval_report import TaskEvaluation
-from pipelines.evaluate import _scratch_dir, _tracked_metrics, batches, evaluate_task, score_predictions
+from pipelines.evaluate import _scratch_dir, _tracked_metrics, batches, evaluate_task, score_predictions, split_id
 from sapiens2.data.dataset import CuratedDataset
 from sapiens2.model import build_backbone, save_checkpoint
 from sapiens2.tasks import get_task
@@ -80,3 +81,14 @@ def test_scratch_dir_only_for_tasks_it_holds(tmp_path: Path) -> None:
     (tmp_path / "seg" / "model.json").write_text("{}")
     assert _scratch_dir(tmp_path, "seg") == tmp_path / "seg"
     assert _scratch_dir(tmp_path, "pose") is None and _scratch_dir(None, "seg") is None
+
+
+def test_the_split_id_follows_the_val_files_bytes(tmp_path: Path, curated: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(curated, copy)
+    original = split_id(CuratedDataset(curated, "val", *SIZE, tasks=()))
+    assert split_id(CuratedDataset(copy, "val", *SIZE, tasks=())) == original  # same files elsewhere
+    np.savez(copy / "labels" / "00000.npz", **make_labels(np.random.default_rng(9)))  # a train label
+    assert split_id(CuratedDataset(copy, "val", *SIZE, tasks=())) == original
+    np.savez(copy / "labels" / "00005.npz", **make_labels(np.random.default_rng(9)))  # relabelled val image
+    assert split_id(CuratedDataset(copy, "val", *SIZE, tasks=())) != original

@@ -83,3 +83,19 @@ def test_temporary_s3_credentials_keep_their_session_token(tmp_path, monkeypatch
     assert env["AWS_SESSION_TOKEN"] == "token-123" and redact(env)["AWS_SESSION_TOKEN"] == "***"
     assert "token-123" not in repr(settings)
     assert client(settings)._request_signer._credentials.token == "token-123"
+
+
+def test_a_published_backbone_is_recorded_by_its_bytes(tmp_path: Path) -> None:
+    """A fine-tune from `init_checkpoint` (outside DVC) names what it started from by content, so
+    its tags say which weights and a resume refuses changed ones."""
+    import hashlib
+
+    from pipelines.common.lineage import Lineage
+
+    weights = tmp_path / "published.safetensors"
+    weights.write_bytes(b"weights v1")
+    lineage = Lineage("run", "data-md5", "none", "abc").with_backbone_file(weights)
+    assert lineage.backbone_md5 == "sha256:" + hashlib.sha256(b"weights v1").hexdigest()
+    before = lineage.resume_identity({"steps": 10}, 1)
+    weights.write_bytes(b"weights v2")
+    assert Lineage("run", "data-md5", "none", "abc").with_backbone_file(weights).resume_identity({"steps": 10}, 1) != before
