@@ -34,9 +34,10 @@ def _get(url: str, timeout: float = 3.0) -> tuple[int, str]:
         return 0, str(getattr(exc, "reason", exc))
 
 
-def graphql(settings: ServiceSettings, query: str, timeout: float = 10.0) -> dict:
+def graphql(settings: ServiceSettings, query: str, timeout: float = 10.0, variables: dict | None = None) -> dict:
+    body = {"query": query, **({"variables": variables} if variables else {})}
     request = urllib.request.Request(
-        f"http://{settings.host}:{settings.dagster_port}/graphql", data=json.dumps({"query": query}).encode(),
+        f"http://{settings.host}:{settings.dagster_port}/graphql", data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout) as resp:

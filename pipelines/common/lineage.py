@@ -1,7 +1,9 @@
 """Lineage of a training or evaluation run, and the rank-0 MLflow run that records it.
 
-The DVC hashes come from `dvc.lock` (written by `dvc commit` after each upstream step, by Dagster
-or by `dvc repro`), the Dagster run id from the environment the asset launches the step with.
+The dataset is named by DVC's hash of the bytes it holds when the step starts (`content_md5`,
+equal to `dvc.lock`'s record while the folder is as committed; a difference is reported), the
+backbone by `dvc.lock`'s record of the pretraining output, the Dagster run by the environment
+the asset launches the step with.
 `model_sha256` hashes a task model's files themselves: evaluation records it, registration and
 promotion find "the weights that were evaluated" by it, whatever `dvc.lock` says meanwhile.
 """
@@ -17,7 +19,7 @@ from typing import Any
 import mlflow
 
 from pipelines.common import tracking
-from pipelines.common.version import DvcError, DvcWorkspace
+from pipelines.common.version import DvcError, DvcWorkspace, content_md5
 from pipelines.common.workspace import Workspace
 
 
@@ -30,6 +32,17 @@ def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:
         return DvcWorkspace(ws.root).out_hash(str(Path(path).resolve().relative_to(ws.root)))
     except (DvcError, ValueError, KeyError, FileNotFoundError):
         return "untracked"
+
+
+def data_hash(data_dir: Path, ws: Workspace) -> str:
+    """`content_md5` of the dataset folder (what a step reads); a warning when `dvc.lock` records
+    other bytes (the folder changed after `dvc commit`): the lineage then names what was read."""
+    actual = content_md5(data_dir)
+    recorded = dvc_hash(data_dir, ws)
+    if recorded not in ("untracked", actual):
+        print(f"warning: {data_dir} holds other bytes (md5 {actual}) than dvc.lock records ({recorded}); "
+              "the lineage names the bytes read", flush=True)
+    return actual
 
 
 MODEL_FILES = ("model.json", "model.safetensors")  # a task model folder's content; the rest is logs
@@ -62,12 +75,13 @@ class Lineage:
 
     @classmethod
     def from_env(cls, data_dir: Path, backbone_dir: Path | None = None, dagster_run_id: str | None = None) -> Lineage:
-        """Hashes of the dataset (and backbone) this run consumes, as recorded by DVC; the Dagster
-        run is `dagster_run_id` (an asset's own run) or `$DAGSTER_RUN_ID` (a program it launched)."""
+        """Hashes of the dataset (its bytes, in DVC's format) and backbone (as DVC recorded it)
+        this run consumes; the Dagster run is `dagster_run_id` (an asset's own run) or
+        `$DAGSTER_RUN_ID` (a program it launched)."""
         ws = Workspace.from_env()
         return cls(
             dagster_run_id=dagster_run_id or os.environ.get("DAGSTER_RUN_ID", "none"),
-            data_md5=dvc_hash(data_dir, ws),
+            data_md5=data_hash(data_dir, ws),
             backbone_md5=dvc_hash(backbone_dir, ws),
             git_commit=tracking.git_commit(ws.root),
         )

@@ -8,6 +8,7 @@ the platform uses as Dagster data version and MLflow lineage tag.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,29 @@ from pathlib import Path
 import yaml
 
 REMOTE_NAME = "storage"
+
+
+def content_md5(path: str | Path) -> str:
+    """DVC's hash of the bytes now at `path`: a file's md5, or for a folder the md5 of the JSON
+    list of its files' {md5, relpath} sorted by path, plus ".dir" (dvc-data's `Tree.digest`).
+
+    It equals what `dvc.lock` records while the folder is as committed and changes the moment a
+    file does, so lineage can name the data a step read rather than the lock file's word.
+    """
+    path = Path(path)
+    if path.is_file():
+        return _file_md5(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such file or folder to hash")
+    entries = [{"md5": _file_md5(f), "relpath": f.relative_to(path).as_posix()}
+               for f in sorted(path.rglob("*")) if f.is_file()]
+    entries.sort(key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def _file_md5(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 class DvcError(RuntimeError):
@@ -30,8 +54,9 @@ class DvcWorkspace:
         self.root = Path(root).resolve()
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """Run `dvc <args>` in the workspace root; raise DvcError on a non-zero exit."""
-        cmd = [sys.executable, "-m", "dvc", *args]
+        """Run `dvc <args>` in the workspace root; raise DvcError on a non-zero exit. Steps that
+        finish together (two fine-tunings) queue on DVC's repository lock instead of failing."""
+        cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", *args]
         proc = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True)
         if proc.returncode != 0:
             detail = (proc.stderr.strip() or proc.stdout.strip())

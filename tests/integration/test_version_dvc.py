@@ -8,7 +8,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from pipelines.common.version import DvcError, DvcWorkspace
+from pipelines.common.version import DvcError, DvcWorkspace, content_md5
 
 DVC_YAML = """\
 stages:
@@ -54,6 +54,8 @@ def test_commit_push_status_and_hash_change(workspace: DvcWorkspace, tmp_path: P
     assert hashes["data"].endswith(".dir") and len(hashes["model.bin"]) == 32
     assert workspace.out_hash("data") == hashes["data"]
     assert workspace.out_hash(root / "model.bin") == hashes["model.bin"]
+    # Lineage hashes the bytes themselves, in DVC's format: equal to the lock while unchanged.
+    assert content_md5(root / "data") == hashes["data"] and content_md5(root / "model.bin") == hashes["model.bin"]
     assert workspace.status()["local"] == {}
     assert workspace.status()["cloud"] != {}  # committed but not pushed yet
 
@@ -66,9 +68,10 @@ def test_commit_push_status_and_hash_change(workspace: DvcWorkspace, tmp_path: P
 
     _produce(root, "v2")
     assert "produce" in workspace.status()["local"]
+    assert content_md5(root / "data") != hashes["data"]  # changed bytes, while dvc.lock still says v1
     changed = workspace.commit_stage("produce")
     assert changed["data"] != hashes["data"] and changed["model.bin"] != hashes["model.bin"]
-    assert workspace.out_hash("data") == changed["data"]
+    assert workspace.out_hash("data") == changed["data"] == content_md5(root / "data")
     _produce(root, "v1")
     assert workspace.commit_stage("produce") == hashes  # content-addressed, not time-based
 
