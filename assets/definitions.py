@@ -11,6 +11,7 @@ from assets.registry import (champion_models, evaluation_report, every_task_beat
                              rollback_job)
 from assets.resources import WORKSPACE_WRITER, DvcResource, PlatformResource
 from assets.training import TRAINING_TAGS, finetuned_models, pretrained_backbone, scratch_models
+from pipelines.common.launch import training_slots
 
 # The end-to-end graph; `shard_scores` (partitioned per pool shard) runs on its own, from the
 # new_shards sensor or a backfill, and curated_dataset filters whatever shards it left.
@@ -47,9 +48,11 @@ def build_executor(kind: str | None = None) -> dg.ExecutorDefinition:
     ``k8s`` (every step a Kubernetes Job in the run's namespace, dagster-k8s). The assets are the
     same either way; at scale each pool shard and each fine-tuning task gets its own pod."""
     kind = kind or os.environ.get("SAPIENS2_EXECUTOR", "multiprocess")
-    limits = [{"key": key, "value": value, "limit": 1} for key, value in TRAINING_TAGS.items()]
+    limits = [{"key": key, "value": value, "limit": training_slots()} for key, value in TRAINING_TAGS.items()]
     if kind == "multiprocess":
-        return dg.multiprocess_executor.configured({"tag_concurrency_limits": limits})
+        # Step processes fork from a server that imported the code location once (~7 s a step otherwise).
+        start = {"forkserver": {"preload_modules": ["assets.definitions"]}}
+        return dg.multiprocess_executor.configured({"tag_concurrency_limits": limits, "start_method": start})
     if kind == "k8s":
         from dagster_k8s import k8s_job_executor
 

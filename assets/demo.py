@@ -1,10 +1,10 @@
 """`sapiens2 demo`: materialise the whole graph on the embedded defaults, then say where to look.
 
 The run goes into the Dagster instance under `$DAGSTER_HOME` (default `.dagster_home/`), so the
-Dagster UI shows it afterwards as a run of the `end_to_end` job. It executes in-process: the steps
-would run one at a time anyway (the training pool holds one), and a step process per asset would
-re-import the code location (~7 s each) twenty times. The heavy steps still run as separate
-programs through Dagster Pipes; "Materialize all" in the UI uses the multiprocess executor.
+Dagster UI shows it afterwards as a run of the `end_to_end` job. It runs with the job's own
+multiprocess executor, as "Materialize all" in the UI does: two training programs at a time (the
+`training` pool), step processes forked from one that imported the code location once; the heavy
+steps run as separate programs through Dagster Pipes.
 """
 
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ws = Workspace.from_env()
     started = time.perf_counter()
     with _instance() as instance:
-        result = end_to_end_job().execute_in_process(instance=instance, raise_on_error=False)
+        result = dg.execute_job(dg.reconstructable(end_to_end_job), instance=instance, raise_on_error=False)
     minutes = (time.perf_counter() - started) / 60
     if not result.success:
         print(f"\nThe end-to-end run {result.run_id} failed after {minutes:.1f} min; see `make dagster` for its logs.", file=sys.stderr)

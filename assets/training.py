@@ -26,9 +26,19 @@ from pipelines.common import tracking
 from pipelines.common.config import TASK_NAMES
 
 TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
-# One training program at a time: each already uses every core of its node. The `training` pool
-# enforces it across runs (dagster.yaml); this op tag lets the run's executor enforce it within one.
+# `training_slots()` training programs at a time, each rank on its share of the node's cores
+# (pipelines.common.launch). The `training` pool enforces it across runs (dagster.yaml); this op
+# tag lets the run's executor enforce it within one.
 TRAINING_TAGS = {"sapiens2/kind": "training"}
+# Pretraining first (five fine-tunings wait for it), then the longest fine-tunings (the demo: seg
+# 300 steps of a full-resolution head, pose 400 steps), so the two slots finish together instead
+# of one long run ending alone.
+PRETRAINING_PRIORITY = 3
+TASK_PRIORITY = {"seg": 2, "pose": 1}
+
+
+def task_op_tags(task: str) -> dict[str, str]:
+    return {**TRAINING_TAGS, "dagster/priority": str(TASK_PRIORITY.get(task, 0))}
 
 
 def launch(context: dg.AssetExecutionContext, client: dg.PipesSubprocessClient, platform: PlatformResource,
@@ -72,7 +82,8 @@ def publish_checkpoint(context: dg.AssetExecutionContext, platform: PlatformReso
 
 
 @dg.asset(
-    group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS,
+    group_name="pretraining", deps=[versioned_dataset], pool="training", retry_policy=TRAINING_RETRY,
+    op_tags={**TRAINING_TAGS, "dagster/priority": str(PRETRAINING_PRIORITY)},
     kinds={"pytorch", "deepspeed", "dvc"},
 )
 def pretrained_backbone(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
@@ -99,7 +110,7 @@ def finetune_asset(task: str) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=f"finetuned_{task}", group_name="finetuning", deps=[pretrained_backbone, versioned_dataset],
-        pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS, kinds={"pytorch", "deepspeed", "dvc"},
+        pool="training", retry_policy=TRAINING_RETRY, op_tags=task_op_tags(task), kinds={"pytorch", "deepspeed", "dvc"},
         description=f"The {task} head fine-tuned on the pretrained backbone (layer-wise lr decay).",
     )
     def _finetuned(context: dg.AssetExecutionContext, platform: PlatformResource, dvc: DvcResource,
@@ -124,7 +135,7 @@ def scratch_asset(task: str) -> dg.AssetsDefinition:
 
     @dg.asset(
         name=f"scratch_{task}", group_name="controls", deps=[versioned_dataset],
-        pool="training", retry_policy=TRAINING_RETRY, op_tags=TRAINING_TAGS, kinds={"pytorch", "deepspeed", "dvc"},
+        pool="training", retry_policy=TRAINING_RETRY, op_tags=task_op_tags(task), kinds={"pytorch", "deepspeed", "dvc"},
         description=f"The {task} model trained from a randomly initialised backbone with the same budget: "
                     "the control that shows what pretraining adds.",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -10,6 +11,10 @@ import pytest
 import yaml
 
 from pipelines.common.workspace import PROJECT_ROOT
+
+# In-process materialisations (dg.materialize) run one step at a time: each training program may
+# take every core. The browser test's stack drops SAPIENS2_* and runs two at once, as deployed.
+os.environ.setdefault("SAPIENS2_TRAINING_SLOTS", "1")
 
 # A recipe small enough for a test yet running every stage for real (2 DeepSpeed ranks included).
 SMALL_RECIPE = {

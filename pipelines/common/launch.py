@@ -26,6 +26,31 @@ import yaml
 from pipelines.common.config import PlatformConfig, load_config
 
 
+# Training programs one node runs at once; dagster.yaml's `training` pool admits as many
+# (tests/unit/test_training_slots.py holds the two equal). Two one-rank fine-tunings on one
+# core each took 0.72-0.81x the time of the same two one after the other on both cores
+# (benchmarks/training_slots.py, 2 cores): their many small ops scale poorly across threads.
+DEFAULT_TRAINING_SLOTS = 2
+
+
+def training_slots() -> int:
+    """`$SAPIENS2_TRAINING_SLOTS`, or the default."""
+    value = os.environ.get("SAPIENS2_TRAINING_SLOTS") or str(DEFAULT_TRAINING_SLOTS)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SAPIENS2_TRAINING_SLOTS={value!r}: expected a whole number >= 1")
+    return int(value)
+
+
+def threads_per_rank(local_ranks: int) -> int:
+    """Intra-op threads of each rank: `$OMP_NUM_THREADS` when set, else the cores split over this
+    node's ranks and training slots. The CLI, `dvc repro` and Dagster compute the same count, and
+    they must: a thread count changes a run's floating-point sums, hence its bytes."""
+    chosen = os.environ.get("OMP_NUM_THREADS")
+    if chosen:
+        return int(chosen)
+    return max(1, (os.cpu_count() or 1) // (local_ranks * training_slots()))
+
+
 @dataclass(frozen=True)
 class Nodes:
     """This launcher's place in the job: torchrun's static rendezvous at `master_addr:master_port`,
@@ -58,11 +83,16 @@ def run_ranks(module: str, world_size: int, args: list[str], nodes: Nodes = Node
     if world_size % nodes.count:
         raise ValueError(f"world_size {world_size} does not split evenly over {nodes.count} nodes")
     if world_size == 1:
-        return importlib.import_module(module).main(args)
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads_per_rank(1))
+        try:
+            return importlib.import_module(module).main(args)
+        finally:
+            torch.set_num_threads(before)
     local_ranks = world_size // nodes.count
-    # The cores split between this node's ranks, unless the caller chose a thread count.
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // local_ranks))
-    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank(local_ranks)))
     return subprocess.run(torchrun_command(module, local_ranks, args, nodes), env=env).returncode
 
 

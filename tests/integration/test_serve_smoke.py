@@ -84,6 +84,11 @@ def test_champion_served_answers_an_image_request(registry: Path, tmp_path: Path
             serve_smoke.invoke(base, image[None].astype(np.float32) / 255.0)
         with pytest.raises(serve_smoke.ServeError, match="invocations -> 400.*1-64 images"):
             serve_smoke.invoke(base, np.zeros((65, 4, 4, 3), dtype=np.uint8))
+        with pytest.raises(serve_smoke.ServeError, match="invocations -> 400"):
+            serve_smoke.invoke(base, np.zeros((1, 0, 0, 3), dtype=np.uint8))  # an empty image
+        with pytest.raises(serve_smoke.ServeError, match="invocations -> 400.*at most 4096 px a side"):
+            serve_smoke.invoke(base, np.zeros((1, 4097, 1, 3), dtype=np.uint8))  # oversized
+        assert np.array_equal(serve_smoke.invoke(base, image[None]), served)  # still up after every refusal
     assert not _listening(port)  # stopped by pid
 
     model, spec = load_task_model(registry.parent / "models" / "pose")
