@@ -34,11 +34,14 @@ def dvc_hash(path: Path | None, ws: Workspace | None = None) -> str:
         return "untracked"
 
 
-def data_hash(data_dir: Path, ws: Workspace) -> str:
+def data_hash(data_dir: Path | None, ws: Workspace) -> str:
     """`content_md5` of the dataset folder (what a step reads); a warning when `dvc.lock` records
-    other bytes (the folder changed after `dvc commit`): the lineage then names what was read."""
-    actual = content_md5(data_dir)
+    other bytes (the folder changed after `dvc commit`): the lineage then names what was read.
+    A folder not on this machine (registering models whose data was never pulled) keeps DVC's record."""
     recorded = dvc_hash(data_dir, ws)
+    if data_dir is None or not Path(data_dir).exists():
+        return recorded
+    actual = content_md5(data_dir)
     if recorded not in ("untracked", actual):
         print(f"warning: {data_dir} holds other bytes (md5 {actual}) than dvc.lock records ({recorded}); "
               "the lineage names the bytes read", flush=True)
