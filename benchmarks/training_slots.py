@@ -1,7 +1,7 @@
 """Two training programs at once on half the cores each, or one after the other on all of them?
 
 Fine-tunes two tasks of the demo recipe from scratch with the platform's own `sapiens2 finetune`
-(DeepSpeed, one rank) on rendered people: first one after the other with every core
+(DeepSpeed, one rank) on rendered people (their train split): first one after the other with every core
 (`SAPIENS2_TRAINING_SLOTS=1`), then both at once with half the cores each (the default, 2).
 Prints one JSON object with the wall time of each layout and their ratio (concurrent /
 sequential, below 1 when two slots win); run it on an otherwise idle machine.
@@ -18,28 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from PIL import Image
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sapiens2.data.synth import render_person, write_sample  # noqa: E402
-
-
-def _curated(root: Path, people: int) -> Path:
-    """Rendered people with labels, all in the train split: what fine-tuning reads."""
-    (root / "images").mkdir(parents=True)
-    (root / "labels").mkdir()
-    rows = []
-    for i in range(people):
-        sample = render_person(np.random.default_rng(i))
-        Image.fromarray(sample.image).save(root / "images" / f"{i:04d}.png")
-        write_sample(root / "labels" / f"{i:04d}.npz", sample)
-        rows.append({"id": f"{i:04d}", "path": f"images/{i:04d}.png", "status": "kept", "reason": None, "split": "train"})
-    pd.DataFrame(rows).to_parquet(root / "manifest.parquet")
-    return root
+from tests.conftest import make_curated  # noqa: E402 - the rendered, labelled folder the tests fine-tune on
 
 
 def _finetune(work: Path, curated: Path, task: str, steps: int, slots: int) -> subprocess.Popen:
@@ -67,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        curated = _curated(work / "curated", args.people)
+        curated = make_curated(work / "curated", args.people)
         # A first start pays for cold caches (and DeepSpeed's op build): not part of either layout.
         _wait([_finetune(work, curated, args.tasks[0], 25, slots=1)])
         started = time.perf_counter()

@@ -32,9 +32,8 @@ def content_md5(path: str | Path) -> str:
         return _file_md5(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such file or folder to hash")
-    entries = [{"md5": _file_md5(f), "relpath": f.relative_to(path).as_posix()}
-               for f in sorted(path.rglob("*")) if f.is_file()]
-    entries.sort(key=lambda e: e["relpath"])
+    entries = sorted(({"md5": _file_md5(f), "relpath": f.relative_to(path).as_posix()}
+                      for f in path.rglob("*") if f.is_file()), key=lambda e: e["relpath"])
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
 
 
