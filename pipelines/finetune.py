@@ -49,7 +49,8 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
                           **(keypoints if augment is None else {"num_keypoints": keypoints["num_keypoints"]}))
     model = initial_model(config, task_name, backbone_path)
     groups = layerwise_param_groups(
-        model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id
+        model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id,
+        head_lr_scale=cfg.optim.head_lr_scale,
     )
     engine = initialize(model, groups, ds, cfg.optim)
     full = config.to_dict()

@@ -19,7 +19,7 @@ from sapiens2.curation.config import CurationConfig
 from sapiens2.model.config import ARCHS
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.tasks.registry import TASK_NAMES  # noqa: F401 - one definition, re-exported for the steps
-from sapiens2.train.config import CheckpointSection, DeepSpeedSection, OptimSection
+from sapiens2.train.config import CheckpointSection, DeepSpeedSection, FinetuneOptimSection, OptimSection
 
 if TYPE_CHECKING:
     from sapiens2.tasks import Task
@@ -114,7 +114,7 @@ class FinetuneConfig(_TrainingSection):
                     "photometric_prob, ...); empty = horizontal flip only",
     )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
-    optim: OptimSection = OptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+    optim: FinetuneOptimSection = FinetuneOptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
 
     @field_validator("augment")
     @classmethod

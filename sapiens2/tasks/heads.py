@@ -21,6 +21,8 @@ from torch.nn import functional as F
 
 from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.base import check_scale
+from sapiens2.tasks.detail import DetailPyramid, detail_channels_after, join_detail
+from sapiens2.tasks.norms import make_norm
 
 
 @dataclass(frozen=True)
@@ -77,27 +79,6 @@ def select_widths(table: dict, scale: str, embed_dim: int, by_embed_dim: dict | 
     return table[scale]
 
 
-class ChannelRMSNorm(nn.Module):
-    """RMS normalisation over the channel axis of a (B, C, H, W) map, with a per-channel gain."""
-
-    def __init__(self, channels: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(channels))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.eps)
-        return x * rms * self.weight[None, :, None, None]
-
-
-def make_norm(kind: str, channels: int) -> nn.Module:
-    if kind == "instance":
-        return nn.InstanceNorm2d(channels, affine=True)
-    if kind == "rms":
-        return ChannelRMSNorm(channels)
-    raise ValueError(f"unknown norm {kind!r}; expected 'instance' or 'rms'")
-
-
 class ImageGuidance(nn.Module):
     """Refines a head's full-resolution features with the input image before the output conv.
 
@@ -120,34 +101,59 @@ class ImageGuidance(nn.Module):
 GUIDED_SCALES = ("tiny",)
 
 
+# Pixels per token of the small recipes' backbones (patch 16): the stride the heads upsample from.
+TOKEN_STRIDE = 16
+
+
 class DeconvHead(nn.Module):
-    """ConvTranspose(k4, s2, p1, no bias) + IN + SiLU stages, 1x1 conv + IN + SiLU, 1x1 out."""
+    """ConvTranspose(k4, s2, p1, no bias) + IN + SiLU stages, 1x1 conv + IN + SiLU, 1x1 out.
+
+    A guided head also joins the `DetailPyramid` level of each stage's resolution to its output
+    and refines the last features with the image (`ImageGuidance`).
+    """
 
     def __init__(self, in_channels: int, widths: DeconvWidths, out_channels: int,
-                 image_guidance: bool = False) -> None:
+                 image_guidance: bool = False, image_detail: bool | None = None) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        channels = in_channels
-        for width in widths.deconv:
-            layers += [
+        image_detail = image_guidance if image_detail is None else image_detail
+        self.detail = DetailPyramid() if image_detail else None
+        extra = detail_channels_after([TOKEN_STRIDE >> (i + 1) for i in range(len(widths.deconv))],
+                                      self.detail and self.detail.channels)
+        stages, channels = [], in_channels
+        for width, joined in zip(widths.deconv, extra):
+            stages.append(nn.Sequential(
                 nn.ConvTranspose2d(channels, width, kernel_size=4, stride=2, padding=1, bias=False),
                 make_norm("instance", width),
                 nn.SiLU(),
-            ]
-            channels = width
+            ))
+            channels = width + joined
+        self.stages = nn.ModuleList(stages)
+        convs: list[nn.Module] = []
         for width in widths.convs:
-            layers += [nn.Conv2d(channels, width, 1), make_norm("instance", width), nn.SiLU()]
+            convs += [nn.Conv2d(channels, width, 1), make_norm("instance", width), nn.SiLU()]
             channels = width
-        self.layers = nn.Sequential(*layers)
+        self.convs = nn.Sequential(*convs)
         self.guidance = ImageGuidance(channels) if image_guidance else None
         self.out = nn.Conv2d(channels, out_channels, 1)
 
     @property
     def takes_image(self) -> bool:
-        return self.guidance is not None
+        return self.guidance is not None or self.detail is not None
 
     def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
-        return self.out(_guided(self.layers(features), self.guidance, image))
+        detail = _detail(self.detail, image)
+        x = features
+        for stage in self.stages:
+            x = join_detail(stage(x), detail)
+        return self.out(_guided(self.convs(x), self.guidance, image))
+
+
+def _detail(pyramid: DetailPyramid | None, image: torch.Tensor | None) -> dict | None:
+    if pyramid is None:
+        return None
+    if image is None:
+        raise ValueError("this head refines with the input image: call it as head(features, image)")
+    return pyramid(image)
 
 
 def _guided(x: torch.Tensor, guidance: ImageGuidance | None, image: torch.Tensor | None) -> torch.Tensor:
@@ -163,7 +169,11 @@ def _conv_norm_act(c_in: int, c_out: int, norm: str) -> list[nn.Module]:
 
 
 class PixelShuffleDecoder(nn.Module):
-    """3x3 conv stem, up-blocks (3x3 conv to 4c, PixelShuffle(2), norm, SiLU), 3x3 convs, 1x1."""
+    """3x3 conv stem, up-blocks (3x3 conv to 4c, PixelShuffle(2), norm, SiLU), 3x3 convs, 1x1.
+
+    A guided decoder joins the `DetailPyramid` level of each up-block's resolution to its output
+    and refines the last features with the image (`ImageGuidance`).
+    """
 
     def __init__(
         self,
@@ -175,20 +185,25 @@ class PixelShuffleDecoder(nn.Module):
         image_residual: bool = False,
     ) -> None:
         super().__init__()
-        layers = _conv_norm_act(in_channels, widths.upsample[0], norm)
-        channels = widths.upsample[0]
-        for width in widths.upsample:
-            layers += [
+        self.detail = DetailPyramid(norm=norm) if image_guidance else None
+        extra = detail_channels_after([TOKEN_STRIDE >> (i + 1) for i in range(len(widths.upsample))],
+                                      self.detail and self.detail.channels)
+        self.stem = nn.Sequential(*_conv_norm_act(in_channels, widths.upsample[0], norm))
+        stages, channels = [], widths.upsample[0]
+        for width, joined in zip(widths.upsample, extra):
+            stages.append(nn.Sequential(
                 nn.Conv2d(channels, 4 * width, 3, padding=1),
                 nn.PixelShuffle(2),
                 make_norm(norm, width),
                 nn.SiLU(),
-            ]
-            channels = width
+            ))
+            channels = width + joined
+        self.stages = nn.ModuleList(stages)
+        convs: list[nn.Module] = []
         for width in widths.convs:
-            layers += _conv_norm_act(channels, width, norm)
+            convs += _conv_norm_act(channels, width, norm)
             channels = width
-        self.layers = nn.Sequential(*layers)
+        self.convs = nn.Sequential(*convs)
         self.guidance = ImageGuidance(channels, norm) if image_guidance else None
         self.out = nn.Conv2d(channels, out_channels, 1)
         if image_residual and (not image_guidance or out_channels != 3):
@@ -204,7 +219,11 @@ class PixelShuffleDecoder(nn.Module):
         return self.guidance is not None
 
     def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.out(_guided(self.layers(features), self.guidance, image))
+        detail = _detail(self.detail, image)
+        x = self.stem(features)
+        for stage in self.stages:
+            x = join_detail(stage(x), detail)
+        out = self.out(_guided(self.convs(x), self.guidance, image))
         if self.image_residual:
             out = out + F.interpolate(denormalize(image), size=out.shape[-2:], mode="bilinear", align_corners=False)
         return out
@@ -278,9 +297,11 @@ def build_deconv_head(
     embed_dim: int, widths: dict[str, DeconvWidths], scale: str, out: int,
     by_embed_dim: dict[int, DeconvWidths] | None = None, full_resolution: bool = False,
 ) -> DeconvHead:
-    """`full_resolution` heads (segmentation) refine with the image at the guided scales."""
-    guided = full_resolution and scale in GUIDED_SCALES
-    return DeconvHead(embed_dim, select_widths(widths, scale, embed_dim, by_embed_dim), out, guided)
+    """At the guided scales every deconv head joins the image pyramid (`DetailPyramid`), and
+    `full_resolution` heads (segmentation) also refine their last features with the image."""
+    guided = scale in GUIDED_SCALES
+    return DeconvHead(embed_dim, select_widths(widths, scale, embed_dim, by_embed_dim), out,
+                      image_guidance=full_resolution and guided, image_detail=guided)
 
 
 def build_pixel_shuffle_head(

@@ -51,6 +51,14 @@ class OptimSection(_Section):
         return betas
 
 
+class FinetuneOptimSection(OptimSection):
+    """Fine-tuning's AdamW section: also the task head's learning-rate multiplier."""
+
+    head_lr_scale: float = Field(
+        1.0, gt=0, description="lr multiplier of the parameters outside the backbone (the freshly initialised task head)"
+    )
+
+
 class CheckpointSection(_Section):
     """How often to checkpoint and how many checkpoints to keep on disk."""
 

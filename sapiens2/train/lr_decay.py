@@ -16,6 +16,7 @@ def layerwise_param_groups(
     layer_id_fn: Callable[[str], int],
     backbone_prefix: str = "backbone.",
     frozen_steps: Callable[[str], int] | None = None,
+    head_lr_scale: float = 1.0,
 ) -> list[dict]:
     """Split the trainable parameters of `model` into AdamW groups.
 
@@ -23,7 +24,7 @@ def layerwise_param_groups(
     where `layer_id_fn(name_without_prefix)` returns 0 for the embeddings (patch embedding, CLS and
     storage tokens), i + 1 for block i and num_layers + 1 for the final norm. So embeddings get
     rate^(L+1), block i rate^(L-i) and the final norm 1; parameters outside the backbone (task
-    heads, decoders) get 1. 1-D parameters (norms, LayerScale) and biases get no weight decay.
+    heads, decoders) get `head_lr_scale`. 1-D parameters (norms, LayerScale) and biases get no weight decay.
 
     Each group carries `lr` (= base_lr * lr_scale), `lr_scale`, `weight_decay` and
     `frozen_until` (the training loop rescales `lr` from `lr_scale` every step and sets it to 0
@@ -34,7 +35,7 @@ def layerwise_param_groups(
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        scale = 1.0
+        scale = head_lr_scale
         if name.startswith(backbone_prefix):
             layer_id = layer_id_fn(name[len(backbone_prefix):])
             if not 0 <= layer_id <= num_layers + 1:

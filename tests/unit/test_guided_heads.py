@@ -1,5 +1,6 @@
-"""Image-guided heads: the tiny dense heads refine with the input image, pose and the reference
-heads keep the published layout, and the albedo head starts from the input image."""
+"""Image-guided heads: the tiny heads join an image pyramid to their upsampling path (the dense
+ones also refine with the full-resolution image), the reference heads keep the published layout,
+and the albedo head starts from the input image."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from sapiens2.tasks.heads import (
     build_pixel_shuffle_head,
     denormalize,
 )
+from sapiens2.tasks.detail import DetailPyramid, join_detail
 
 H, W = 128, 96
 GUIDED_TASKS = ("seg", "normal", "albedo", "pointmap")
@@ -105,30 +107,49 @@ def test_guided_head_without_the_image_raises(backbone, images, name):
             model.head(features)
 
 
-def test_pose_head_does_not_take_the_image(backbone, images):
+def test_tiny_pose_head_joins_the_image_pyramid_without_full_resolution_guidance(backbone, images):
     model = task_model("pose", backbone)
-    assert not model.head.takes_image
-    assert model.head.guidance is None
+    assert model.head.takes_image and model.head.guidance is None
+    assert isinstance(model.head.detail, DetailPyramid)
     with torch.no_grad():
+        features = model.backbone(images)
         out = model(images)
-        from_features = model.head(model.backbone(images))
+        brighter = model.head(features, images + 0.5)
     assert out.shape == (2, 17, H // 4, W // 4)
-    torch.testing.assert_close(out, from_features)
+    torch.testing.assert_close(out, model.head(features, images))
+    assert not torch.allclose(out, brighter, atol=1e-4)
 
 
 def test_guidance_follows_the_scale():
     for scale in SCALES:
         for name in ("seg", "normal", "albedo", "pointmap", "pose"):
             head = get_task(name).build_head(64, scale)
-            assert head.takes_image is (scale in GUIDED_SCALES and name != "pose"), (name, scale)
+            head = getattr(head, "decoder", head)  # the pointmap head's canonical-map decoder
+            guided = scale in GUIDED_SCALES
+            assert head.takes_image is guided, (name, scale)
+            assert (head.detail is not None) is guided, (name, scale)
+            assert (head.guidance is not None) is (guided and name != "pose"), (name, scale)
     assert GUIDED_SCALES == ("tiny",)
+
+
+def test_detail_levels_join_the_upsampling_path_at_their_resolution():
+    pyramid = DetailPyramid({1: 4, 2: 6, 4: 8})
+    levels = pyramid(torch.randn(2, 3, 32, 24))
+    assert {size: level.shape[1] for size, level in levels.items()} == {(32, 24): 4, (16, 12): 6, (8, 6): 8}
+    x = torch.randn(2, 5, 16, 12)
+    joined = join_detail(x, levels)
+    assert joined.shape == (2, 11, 16, 12)
+    torch.testing.assert_close(joined[:, :5], x)
+    assert join_detail(torch.randn(2, 5, 4, 3), levels).shape == (2, 5, 4, 3)  # no level of that size
+    with pytest.raises(ValueError, match="doubling"):
+        DetailPyramid({1: 4, 4: 8})
 
 
 def test_reference_heads_keep_the_published_layout():
     head = build_pixel_shuffle_head(768, "reference", 3)
     assert head.takes_image is False
     assert head.out.in_channels == PIXEL_SHUFFLE_WIDTHS["reference"].convs[-1]
-    assert not any(isinstance(m, ImageGuidance) for m in head.modules())
+    assert not any(isinstance(m, (ImageGuidance, DetailPyramid)) for m in head.modules())
     albedo = get_task("albedo").build_head(768, "reference")
     assert albedo.takes_image is False and albedo.image_residual is False
     assert bool(albedo.out.weight.abs().sum() > 0)  # not the residual head's zero init

@@ -55,6 +55,16 @@ def test_scales_follow_depth_and_head_gets_one() -> None:
         assert g["lr"] == pytest.approx(1e-3 * g["lr_scale"])
 
 
+def test_head_lr_scale_multiplies_only_the_parameters_outside_the_backbone() -> None:
+    model = TinyModel()
+    plain = _by_name(model, layerwise_param_groups(model, 1e-3, 0.1, 0.5, DEPTH, layer_id))
+    scaled = _by_name(model, layerwise_param_groups(model, 1e-3, 0.1, 0.5, DEPTH, layer_id, head_lr_scale=5.0))
+    for name in plain:
+        expected = 5.0 * plain[name]["lr_scale"] if name.startswith("head.") else plain[name]["lr_scale"]
+        assert scaled[name]["lr_scale"] == pytest.approx(expected), name
+        assert scaled[name]["lr"] == pytest.approx(1e-3 * expected), name
+
+
 def test_biases_and_1d_params_get_no_weight_decay() -> None:
     model = TinyModel()
     groups = layerwise_param_groups(model, 1e-3, 0.1, 0.9, DEPTH, layer_id)

@@ -107,7 +107,7 @@ def test_head_output_shapes(name, scale, embed_dim, reference_heads):
     )
     h, w = 2, 3
     with torch.no_grad():
-        # The tiny dense heads refine with the input image (`ImageGuidance`); the others ignore it.
+        # The tiny heads take the input image (`DetailPyramid`, `ImageGuidance`); the others ignore it.
         image = torch.randn(2, 3, 16 * h, 16 * w)
         out = head(torch.randn(2, embed_dim, h, w), image) if getattr(head, "takes_image", False) else head(
             torch.randn(2, embed_dim, h, w))
@@ -126,7 +126,7 @@ def test_reference_widths_follow_the_facts(reference_heads):
     pose = reference_heads["pose"]
     deconvs = [m for m in pose.modules() if isinstance(m, nn.ConvTranspose2d)]
     assert [m.out_channels for m in deconvs] == [1024, 768] and all(m.bias is None for m in deconvs)
-    convs = [m.out_channels for m in pose.layers if isinstance(m, nn.Conv2d)]
+    convs = [m.out_channels for m in pose.convs if isinstance(m, nn.Conv2d)]
     assert convs == [512, 512, 256]
     seg = reference_heads["seg"]
     assert [m.out_channels for m in seg.modules() if isinstance(m, nn.ConvTranspose2d)] == [
@@ -137,7 +137,7 @@ def test_reference_widths_follow_the_facts(reference_heads):
     ]
     assert seg.out.out_channels == 29
     normal = reference_heads["normal"]
-    shuffles = [m for m in normal.layers if isinstance(m, nn.PixelShuffle)]
+    shuffles = [m for m in normal.modules() if isinstance(m, nn.PixelShuffle)]
     assert len(shuffles) == 4
     albedo = reference_heads["albedo"]
     assert not any(isinstance(m, nn.InstanceNorm2d) for m in albedo.modules())
@@ -155,12 +155,12 @@ def test_reference_widths_per_model_size():
         dense_5b = {name: get_task(name).build_head(2432, "reference") for name in ("normal", "albedo", "pointmap")}
         normal_1b = get_task("normal").build_head(1536, "reference")
     assert [m.out_channels for m in pose_1b.modules() if isinstance(m, nn.ConvTranspose2d)] == [1536, 1024]
-    assert [m.out_channels for m in pose_1b.layers if isinstance(m, nn.Conv2d)] == [768, 512, 256]
+    assert [m.out_channels for m in pose_1b.convs if isinstance(m, nn.Conv2d)] == [768, 512, 256]
     assert [m.out_channels for m in pose_08b.modules() if isinstance(m, nn.ConvTranspose2d)] == [1024, 768]
     for name, head in dense_5b.items():
         decoder = head.decoder if name == "pointmap" else head
-        before_shuffle = [m.out_channels // 4 for m, nxt in zip(decoder.layers, decoder.layers[1:])
-                          if isinstance(nxt, nn.PixelShuffle)]
+        before_shuffle = [stage[0].out_channels // 4 for stage in decoder.stages]
+        assert all(isinstance(stage[1], nn.PixelShuffle) for stage in decoder.stages), name
         assert before_shuffle == [1536, 768, 512, 256], name
         assert decoder.out.in_channels == 32, name
     assert normal_1b.out.in_channels == 16
