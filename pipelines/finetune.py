@@ -47,6 +47,9 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     data = CuratedDataset(curated_dir, "train", height, width, tasks=(task_name,), seed=cfg.seed, augment=augment,
                           person_crop_padding=task.person_crop_padding, label_fraction=cfg.label_fraction,
                           **(keypoints if augment is None else {"num_keypoints": keypoints["num_keypoints"]}))
+    # Settings fitted to the training labels (seg class weights) come from the same images the
+    # run trains on, so a label fraction or another dataset gets its own.
+    task = task.with_label_statistics(data[i] for i in range(len(data)))
     model = initial_model(config, task_name, backbone_path)
     groups = layerwise_param_groups(
         model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id,

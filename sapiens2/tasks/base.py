@@ -96,6 +96,11 @@ class Task(abc.ABC):
     def visualize(self, image_uint8: np.ndarray, output: Any) -> np.ndarray:
         """uint8 RGB picture of one decoded output, the size of the image."""
 
+    def with_label_statistics(self, samples: Any) -> Task:
+        """The task with any setting that is fitted to the training labels (an iterable of
+        samples) resolved; most tasks have none and return themselves."""
+        return self
+
     @torch.no_grad()
     def predict(self, model: nn.Module, images: torch.Tensor) -> Any:
         """Inference-time prediction; tasks with test-time augmentation override this."""

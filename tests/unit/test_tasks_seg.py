@@ -10,7 +10,7 @@ from torch.nn import functional as F
 from sapiens2.tasks import get_task
 from sapiens2.tasks.losses import softmax_dice_loss
 from sapiens2.labels import SEG_CLASSES, SEG_FLIP
-from sapiens2.tasks.seg import ConfusionMetric
+from sapiens2.tasks.seg import ConfusionMetric, inverse_sqrt_frequency
 
 NAMES = ("bg", "a", "b", "c", "d")
 
@@ -102,3 +102,36 @@ def test_visualize_blends_parts_and_keeps_background():
     classes[1:3, 1:3] = 22
     picture = task.visualize(image, classes)
     assert (picture[0, 0] == 100).all() and not (picture[1, 1] == 100).all()
+
+
+def test_inverse_sqrt_frequency_weights_follow_the_counts_and_the_cap():
+    weights = inverse_sqrt_frequency(np.array([400, 100, 4, 0]), max_weight=5.0)
+    np.testing.assert_allclose(weights, [1.0, 2.0, 5.0, 5.0])  # sqrt(400/4) = 10, capped
+    with pytest.raises(ValueError, match="no labelled pixels"):
+        inverse_sqrt_frequency(np.zeros(3), 10.0)
+
+
+def test_class_weighting_is_fitted_to_the_training_labels_and_changes_the_loss():
+    task = get_task("seg", class_weighting="inverse_sqrt_frequency", max_class_weight=10.0)
+    labels = np.zeros((8, 6), np.uint8)
+    labels[:2, :2] = 3  # 4 pixels of class 3 beside 44 of background; 255 is ignored
+    labels[-1, -1] = 255
+    fitted = task.with_label_statistics([{"seg": labels}, {"seg": labels}])
+    weights = np.array(fitted.class_weights)
+    assert fitted.class_weighting is None and weights.shape == (29,)
+    assert weights[0] == 1.0 and weights[3] == pytest.approx(np.sqrt(43 / 4))
+    assert np.all(np.delete(weights, [0, 3]) == 10.0)  # absent classes get the cap
+    assert get_task("seg").with_label_statistics([{"seg": labels}]) == get_task("seg")
+    torch.manual_seed(0)
+    pred = torch.randn(1, 29, 8, 6)
+    batch = {"seg": torch.from_numpy(labels.astype(np.int64))[None]}
+    assert not torch.isclose(fitted.loss(pred, batch)[0], task.loss(pred, batch)[0])
+
+
+def test_class_weighting_settings_are_checked():
+    with pytest.raises(ValueError, match="not both"):
+        get_task("seg", class_weighting="inverse_sqrt_frequency", class_weights=(1.0,) * 29)
+    with pytest.raises(ValueError, match="class_weighting"):
+        get_task("seg", class_weighting="median_frequency")
+    with pytest.raises(ValueError, match="max_class_weight"):
+        get_task("seg", max_class_weight=0.5)
