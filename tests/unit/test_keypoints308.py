@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from sapiens2.labels.face238 import FACE_NAMES, FACE_XY
 from sapiens2.labels.keypoint_sets import get_keypoint_set
@@ -87,7 +88,10 @@ def test_pose_task_defaults_stay_coco17_and_308_is_opt_in():
     assert task.num_keypoints == 308 and task.flip_pairs == KEYPOINT308_FLIP_PAIRS
     assert task.oks_sigmas == kset.oks_sigmas and task.skeleton == KEYPOINT308_SKELETON
     assert [g for g, _ in task.eval_groups] == ["body", "foot", "face", "hands"]
-    assert task.build_head(64, "tiny")(__import__("torch").zeros(1, 64, 4, 3)).shape[1] == 308
+    head = task.build_head(64, "tiny")
+    # tiny heads refine with the image at 16x the token grid (detail pyramid)
+    heatmaps = head(torch.zeros(1, 64, 4, 3), torch.zeros(1, 3, 64, 48))
+    assert heatmaps.shape[1] == 308
     with pytest.raises(ValueError, match="keypoint set"):
         get_task("pose", keypoint_set="coco133")
     with pytest.raises(ValueError, match="oks_sigmas"):
