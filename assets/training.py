@@ -31,7 +31,7 @@ TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 # tag lets the run's executor enforce it within one.
 TRAINING_TAGS = {"sapiens2/kind": "training"}
 # Pretraining first (five fine-tunings wait for it), then the longest fine-tunings (the demo: seg
-# 300 steps of a full-resolution head, pose 400 steps), so the two slots finish together instead
+# 600 steps of a full-resolution head, pose 450 steps), so the two slots finish together instead
 # of one long run ending alone.
 PRETRAINING_PRIORITY = 3
 TASK_PRIORITY = {"seg": 2, "pose": 1}
