@@ -89,14 +89,15 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
         if (probe_every and (step + 1) % probe_every == 0) or step + 1 == steps:
             point = {"step": step + 1, "seconds": round(time.perf_counter() - start, 1)}
             for name, backbone in (("student", student.backbone), ("teacher", recipe.teacher.backbone)):
-                point[name] = {key: probe(backbone)[key] for key in PROBE_KEYS}
+                probes = probe(backbone)
+                point[name] = {key: probes[key] for key in PROBE_KEYS}
             curve.append(point)
             print(f"[pretrain calibration] {json.dumps(point)}", file=sys.stderr, flush=True)
     if export:
         save_checkpoint(student.backbone, export / "student.safetensors")
         save_checkpoint(recipe.teacher.backbone, export / "teacher.safetensors")
     final = {key: round(sum(values[-10:]) / len(values[-10:]), 4) for key, values in history.items()}
-    return {"steps": steps, "batch": batch_size, "train_seconds": round(time.perf_counter() - start, 1),
+    return {"steps": steps, "batch": batch_size, "seconds": round(time.perf_counter() - start, 1),  # probes included
             "random": floors, "curve": curve, "final": final}
 
 
