@@ -35,6 +35,7 @@ from sapiens2.pretrain.probes import run_probes  # noqa: E402
 from sapiens2.pretrain.recipe import PretrainRecipe  # noqa: E402
 from sapiens2.pretrain.schedules import freeze_last_layer_steps  # noqa: E402
 from sapiens2.pretrain.selection import probe_batches  # noqa: E402
+from sapiens2.train.engine import set_lr  # noqa: E402
 from sapiens2.train.lr_decay import layerwise_param_groups  # noqa: E402
 from sapiens2.train.schedules import lr_schedule  # noqa: E402
 
@@ -42,10 +43,11 @@ PROBE_KEYS = ("knn_viewpoint_acc", "part_correspondence_acc")
 
 
 class PlainEngine:
-    """What `PretrainRecipe` reads of a DeepSpeed engine, for a module trained in fp32 on CPU."""
+    """What `PretrainRecipe` and `set_lr` read of a DeepSpeed engine, for a module trained in fp32
+    on CPU by a plain optimizer."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module, self.device = module, torch.device("cpu")
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer, self.device = module, optimizer, torch.device("cpu")
 
     def __call__(self, *args):
         return self.module(*args)
@@ -65,7 +67,8 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
                                     student.backbone.depth, student.backbone.layer_id,
                                     frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0)
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
-    recipe = PretrainRecipe(PlainEngine(student), teacher, obj, images, config.image_size, batch_size, steps)
+    engine = PlainEngine(student, optimizer)
+    recipe = PretrainRecipe(engine, teacher, obj, images, config.image_size, batch_size, steps)
     lrs, generator = lr_schedule(cfg.optim, steps), torch.Generator().manual_seed(cfg.seed)
     train, val = (probe_batches(curated, split, config.image_size) for split in ("train", "val"))
 
@@ -80,8 +83,7 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
         optimizer.zero_grad()
         out["loss"].backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.deepspeed.grad_clip)
-        for group in optimizer.param_groups:
-            group["lr"] = 0.0 if step < group["frozen_until"] else lrs[step] * group["lr_scale"]
+        set_lr(engine, float(lrs[step]), step)  # the Trainer's rule: prototypes frozen at first
         optimizer.step()
         recipe.after_step(step)
         for key in history:
