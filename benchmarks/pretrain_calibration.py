@@ -39,7 +39,7 @@ from sapiens2.train.engine import set_lr  # noqa: E402
 from sapiens2.train.lr_decay import layerwise_param_groups  # noqa: E402
 from sapiens2.train.schedules import lr_schedule  # noqa: E402
 
-PROBE_KEYS = ("knn_viewpoint_acc", "part_correspondence_acc")
+PROBE_KEYS = ("knn_viewpoint_acc", "part_correspondence_acc", "patch_image_identity")
 
 
 class PlainEngine:

@@ -6,12 +6,13 @@ floor it must beat (callers also compare a trained backbone with a randomly init
 - global: a DINO-style weighted k-NN on CLS features recovers the body's viewpoint (front /
   side / back), against always predicting the most common viewpoint;
 - dense: patch features align semantically across subjects, so the nearest patch on another
-  person lies on the same coarse body part, against a random patch of that person.
+  person lies on the same coarse body part, against a random patch of that person
+  (`part_probes.py`, which also measures how much a patch's feature says which image it is from).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import faiss
@@ -19,7 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from sapiens2.labels import COCO_KEYPOINT_NAMES, SEG_CLASSES
+from sapiens2.labels import COCO_KEYPOINT_NAMES
+from sapiens2.pretrain.part_probes import (
+    as_numpy,
+    part_correspondence_accuracy,
+    part_correspondence_chance,
+    patch_image_identity,
+    patch_part_labels,
+)
 
 FRONT, SIDE, BACK, UNDETERMINED = 0, 1, 2, -1
 # (left, right) keypoint indices of the shoulders and of the hips.
@@ -27,28 +35,6 @@ TORSO_PAIRS = np.array([
     [COCO_KEYPOINT_NAMES.index(f"{side}_{joint}") for side in ("left", "right")]
     for joint in ("shoulder", "hip")
 ])
-
-# Coarse groups, so that even the 8x6 patch grid of a 128x96 image has patches of one part.
-PART_GROUPS: tuple[str, ...] = ("head", "torso", "arm", "leg", "foot")
-PART_GROUP_CLASSES: dict[str, tuple[str, ...]] = {
-    "head": ("Face_Neck", "Hair", "Eyeglass", "Lower_Lip", "Upper_Lip", "Lower_Teeth",
-             "Upper_Teeth", "Tongue", "Apparel"),
-    "torso": ("Torso", "Upper_Clothing"),
-    "arm": ("Left_Upper_Arm", "Left_Lower_Arm", "Left_Hand",
-            "Right_Upper_Arm", "Right_Lower_Arm", "Right_Hand"),
-    "leg": ("Left_Upper_Leg", "Left_Lower_Leg", "Right_Upper_Leg", "Right_Lower_Leg",
-            "Lower_Clothing"),
-    "foot": ("Left_Foot", "Left_Shoe", "Left_Sock", "Right_Foot", "Right_Shoe", "Right_Sock"),
-}
-# Lookup over every uint8 seg value: class id -> group id, -1 for Background and 255 (ignore).
-SEG_TO_PART_GROUP = np.full(256, -1, np.int64)
-for _group, _names in enumerate(PART_GROUP_CLASSES.values()):
-    SEG_TO_PART_GROUP[[SEG_CLASSES.index(name) for name in _names]] = _group
-
-
-def _numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
 
 @torch.no_grad()
 def extract_features(
@@ -88,7 +74,7 @@ def viewpoint_bins(keypoints: Any, side_ratio: float = 0.25) -> np.ndarray:
     (dx > 0) or BACK (dx < 0). UNDETERMINED when no shoulder or hip pair is labelled, or no
     shoulder or no hip is, so the torso height is unknown.
     """
-    kp = _numpy(keypoints).astype(np.float64)
+    kp = as_numpy(keypoints).astype(np.float64)
     labelled = kp[..., 2] > 0
     left, right = TORSO_PAIRS[:, 0], TORSO_PAIRS[:, 1]
     both = labelled[:, left] & labelled[:, right]  # (N, 2): shoulder pair, hip pair
@@ -104,7 +90,7 @@ def viewpoint_bins(keypoints: Any, side_ratio: float = 0.25) -> np.ndarray:
 
 def _labelled_unit_rows(feats: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     """Rows with a label (!= -1), L2-normalised float32 so inner product is cosine similarity."""
-    feats, labels = _numpy(feats), _numpy(labels).astype(np.int64)
+    feats, labels = as_numpy(feats), as_numpy(labels).astype(np.int64)
     keep = labels != -1
     kept = np.ascontiguousarray(feats[keep], dtype=np.float32)
     faiss.normalize_L2(kept)
@@ -134,89 +120,12 @@ def knn_accuracy(
 
 def majority_accuracy(train_labels: Any, query_labels: Any) -> float:
     """Accuracy of always predicting the most common train label (-1 dropped): the chance bar."""
-    train, query = _numpy(train_labels), _numpy(query_labels)
+    train, query = as_numpy(train_labels), as_numpy(query_labels)
     train, query = train[train != -1], query[query != -1]
     if not len(train) or not len(query):
         raise ValueError(f"majority_accuracy: {len(train)} labelled train, {len(query)} query")
     classes, counts = np.unique(train, return_counts=True)
     return float(np.mean(query == classes[counts.argmax()]))
-
-
-def patch_part_labels(seg: Any, grid: Sequence[int], patch_size: int) -> np.ndarray:
-    """Coarse body-part group per patch (N, h, w) int64 from seg maps (N, H, W) of SEG_CLASSES.
-
-    The majority group (index into PART_GROUPS) of the patch's part pixels; -1 when under half of
-    its pixels are part pixels (background and ignore are not), since such a patch's feature is
-    mostly about the scene.
-    """
-    h, w = grid
-    seg = _numpy(seg)
-    if seg.shape[1] < h * patch_size or seg.shape[2] < w * patch_size:
-        raise ValueError(f"seg {seg.shape[1:]} is smaller than grid {tuple(grid)} x {patch_size}")
-    groups = SEG_TO_PART_GROUP[seg[:, : h * patch_size, : w * patch_size].astype(np.int64)]
-    cells = groups.reshape(len(seg), h, patch_size, w, patch_size).transpose(0, 1, 3, 2, 4)
-    cells = cells.reshape(len(seg), h, w, patch_size * patch_size)
-    counts = np.stack([(cells == g).sum(-1) for g in range(len(PART_GROUPS))], -1)
-    mostly_person = 2 * counts.sum(-1) >= patch_size * patch_size
-    return np.where(mostly_person, counts.argmax(-1), -1).astype(np.int64)
-
-
-def sample_image_pairs(num_images: int, seed: int = 0, max_pairs: int = 2000) -> np.ndarray:
-    """Ordered pairs (a, b), a != b, (M, 2) int64: all of them when at most max_pairs, else
-    max_pairs distinct ones drawn with the seed."""
-    total = num_images * (num_images - 1)
-    flat = np.arange(total) if total <= max_pairs else np.sort(
-        np.random.default_rng(seed).choice(total, max_pairs, replace=False)
-    )
-    # Pair index -> (a, r): r counts b over the other images, skipping a itself.
-    a, r = np.divmod(flat, max(num_images - 1, 1))
-    return np.stack([a, r + (r >= a)], 1).astype(np.int64)
-
-
-def _resolve_pairs(num_images: int, pairs: Any, seed: int, max_pairs: int) -> np.ndarray:
-    pairs = sample_image_pairs(num_images, seed, max_pairs) if pairs is None else _numpy(pairs)
-    pairs = pairs.reshape(-1, 2).astype(np.int64)
-    if np.any(pairs[:, 0] == pairs[:, 1]):
-        raise ValueError("part correspondence pairs must be of two different images")
-    return pairs
-
-
-def part_correspondence_accuracy(
-    patches: Any, part_labels: Any, pairs: Any = None, seed: int = 0, max_pairs: int = 2000
-) -> float:
-    """Share of labelled patches of image a whose most cosine-similar labelled patch of image b
-    has the same part group, pooled over the ordered image pairs (a, b)."""
-    labels = _numpy(part_labels).reshape(len(part_labels), -1)
-    feats = np.ascontiguousarray(_numpy(patches).reshape(*labels.shape, -1), dtype=np.float32)
-    feats /= np.maximum(np.linalg.norm(feats, axis=-1, keepdims=True), 1e-12)
-    matches = queries = 0
-    for a, b in _resolve_pairs(len(labels), pairs, seed, max_pairs):
-        in_a, in_b = labels[a] != -1, labels[b] != -1
-        if not in_a.any() or not in_b.any():
-            continue
-        nearest = (feats[a][in_a] @ feats[b][in_b].T).argmax(1)
-        matches += int(np.sum(labels[b][in_b][nearest] == labels[a][in_a]))
-        queries += int(in_a.sum())
-    if not queries:
-        raise ValueError("no image pair has labelled patches on both sides")
-    return matches / queries
-
-
-def part_correspondence_chance(
-    part_labels: Any, pairs: Any = None, seed: int = 0, max_pairs: int = 2000
-) -> float:
-    """Expected part_correspondence_accuracy when b's patch is drawn uniformly among its labelled
-    patches: for a patch of group g, P(match) = share of g among b's labelled patches."""
-    labels = _numpy(part_labels).reshape(len(part_labels), -1)
-    groups = range(len(PART_GROUPS))
-    counts = np.stack([(labels == g).sum(1) for g in groups], 1).astype(np.float64)
-    pairs = _resolve_pairs(len(labels), pairs, seed, max_pairs)
-    count_a, count_b = counts[pairs[:, 0]], counts[pairs[:, 1]]
-    valid = (count_a.sum(1) > 0) & (count_b.sum(1) > 0)
-    if not valid.any():
-        raise ValueError("no image pair has labelled patches on both sides")
-    share_b = count_b[valid] / count_b[valid].sum(1, keepdims=True)
-    return float((count_a[valid] * share_b).sum() / count_a[valid].sum())
 
 
 def run_probes(
@@ -233,7 +142,7 @@ def run_probes(
     train_batches, val_batches = list(train_batches), list(val_batches)
 
     def stacked(batches: list[dict[str, Any]], field: str) -> np.ndarray:
-        return np.concatenate([_numpy(batch[field]) for batch in batches])
+        return np.concatenate([as_numpy(batch[field]) for batch in batches])
 
     train_cls, _ = extract_features(backbone, train_batches)
     val_cls, val_patches = extract_features(backbone, val_batches)
@@ -251,6 +160,7 @@ def run_probes(
         "viewpoint_majority_acc": majority_accuracy(train_views, val_views),
         "part_correspondence_acc": part_correspondence_accuracy(val_patches, parts),
         "part_correspondence_chance": part_correspondence_chance(parts),
+        "patch_image_identity": patch_image_identity(val_patches, parts),
         "num_train_images": float(len(train_cls)),
         "num_val_images": float(len(val_cls)),
     }

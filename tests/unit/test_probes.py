@@ -11,18 +11,21 @@ import torch
 from sapiens2.data.normalize import normalize_images
 from sapiens2.labels import SEG_CLASSES
 from sapiens2.model import build_backbone
+from sapiens2.pretrain.part_probes import (
+    PART_GROUP_CLASSES,
+    part_correspondence_accuracy,
+    part_correspondence_chance,
+    patch_image_identity,
+    patch_part_labels,
+)
 from sapiens2.pretrain.probes import (
     BACK,
     FRONT,
-    PART_GROUP_CLASSES,
     SIDE,
     UNDETERMINED,
     extract_features,
     knn_accuracy,
     majority_accuracy,
-    part_correspondence_accuracy,
-    part_correspondence_chance,
-    patch_part_labels,
     run_probes,
     viewpoint_bins,
 )
@@ -123,6 +126,30 @@ def test_part_correspondence_of_random_features_is_near_chance():
     assert abs(accuracy - chance) < 0.04
 
 
+def test_patch_image_identity_is_high_for_image_codes_and_near_zero_for_part_codes():
+    rng = np.random.default_rng(4)
+    labels = random_part_labels(rng, 12)
+    image_codes = rng.normal(size=(12, 1, 1, 32)) + 0.05 * rng.normal(size=(*labels.shape, 32))
+    part_codes = rng.normal(size=(5, 32))[labels.clip(0)] + 0.05 * rng.normal(size=(*labels.shape, 32))
+    assert patch_image_identity(image_codes, labels) > 0.9
+    assert abs(patch_image_identity(part_codes, labels)) < 0.1
+
+
+def test_patch_image_identity_equals_the_pairwise_cosines():
+    rng = np.random.default_rng(5)
+    labels = random_part_labels(rng, 4, grid=(3, 2))
+    patches = rng.normal(size=(*labels.shape, 8)) + rng.normal(size=(4, 1, 1, 8))
+    keep = labels.reshape(4, -1) != -1
+    unit = patches.reshape(4, 6, 8) / np.linalg.norm(patches.reshape(4, 6, 8), axis=-1, keepdims=True)
+    vectors = [(i, v) for i in range(4) for v, k in zip(unit[i], keep[i]) if k]
+    within, across = [], []
+    for n, (i, u) in enumerate(vectors):
+        for m, (j, v) in enumerate(vectors):
+            if n != m:
+                (within if i == j else across).append(u @ v)
+    assert patch_image_identity(patches, labels) == pytest.approx(np.mean(within) - np.mean(across))
+
+
 def test_part_correspondence_chance_is_the_exact_expectation():
     labels = np.array([[[0, 0, 1, -1]], [[0, 1, 1, 1]]])
     # a's two group-0 patches match 1 of b's 4 patches, its group-1 patch 3 of 4.
@@ -172,7 +199,7 @@ def test_run_probes_gives_finite_values_for_a_random_backbone(backbone):
     result = run_probes(backbone, [synthetic_batch(1), synthetic_batch(2)], [synthetic_batch(3)])
     assert set(result) == {
         "knn_viewpoint_acc", "viewpoint_majority_acc", "part_correspondence_acc",
-        "part_correspondence_chance", "num_train_images", "num_val_images",
+        "part_correspondence_chance", "patch_image_identity", "num_train_images", "num_val_images",
     }
     assert all(math.isfinite(v) for v in result.values())
     assert result["num_train_images"] == 8 and result["num_val_images"] == 4
