@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
     args = parser.parse_args()
     work = args.work.resolve()
+    if work.exists() and any(work.iterdir()):
+        # Its steps would resume from the old checkpoints: a stale, faster and mixed measurement.
+        raise SystemExit(f"{work} is not empty; delete it or pass another --work")
     work.mkdir(parents=True, exist_ok=True)
     params = _params(work, args)
     env = {**os.environ, "SAPIENS2_WORKSPACE": str(work), "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"}
