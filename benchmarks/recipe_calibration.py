@@ -60,6 +60,7 @@ def calibrate(config, task_name: str, curated: Path, backbone: Path | str, steps
     task = task.with_label_statistics(train[i] for i in range(len(train)))
     val, scorer = _dataset(config, curated, "val", task_name), _task(task_name, config)
     model = initial_model(config, task_name, backbone)
+    task.initialise_head(model.head)
     groups = layerwise_param_groups(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
                                     model.backbone.depth, model.backbone.layer_id, head_lr_scale=cfg.optim.head_lr_scale)
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)

@@ -51,6 +51,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     # run trains on, so a label fraction or another dataset gets its own.
     task = task.with_label_statistics(data[i] for i in range(len(data)))
     model = initial_model(config, task_name, backbone_path)
+    task.initialise_head(model.head)
     groups = layerwise_param_groups(
         model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id,
         head_lr_scale=cfg.optim.head_lr_scale,

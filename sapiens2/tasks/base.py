@@ -101,6 +101,10 @@ class Task(abc.ABC):
         samples) resolved; most tasks have none and return themselves."""
         return self
 
+    def initialise_head(self, head: nn.Module) -> None:
+        """Give a freshly built head what it starts from that `with_label_statistics` fitted
+        (the pointmap's prior map); most tasks have nothing to give."""
+
     @torch.no_grad()
     def predict(self, model: nn.Module, images: torch.Tensor) -> Any:
         """Inference-time prediction; tasks with test-time augmentation override this."""

@@ -4,6 +4,8 @@
 - `PixelShuffleDecoder`: conv stem, 2x pixel-shuffle up-blocks, 3x3 convs, 1x1 output
   (normal, albedo and the pointmap's canonical XYZ: 16x).
 - `ScaleBranch`: the pointmap head's global regressor of s = f_canonical / f_x.
+- `PointmapHead`: the canonical XYZ decoder and the scale branch (plus, at the small scales, the
+  silhouette-read offset on a fitted prior of `silhouette_depth`).
 
 "reference" widths follow the facts for the 0.4b/0.8b models, with the sizes whose heads the
 facts give other widths (pose for 1b, the pixel-shuffle decoders for 5b) looked up by the
@@ -23,6 +25,7 @@ from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD
 from sapiens2.tasks.base import check_scale
 from sapiens2.tasks.detail import DetailPyramid, detail_channels_after, join_detail
 from sapiens2.tasks.norms import make_norm
+from sapiens2.tasks.silhouette_depth import PRIOR_GRID, RESIDUAL_SCALE, SilhouetteOffset, prior_at
 
 
 @dataclass(frozen=True)
@@ -269,7 +272,10 @@ class PointmapHead(nn.Module):
     """Canonical-camera XYZ decoder plus the scale branch.
 
     The canonical pointmap is the metric one scaled by s = f_canonical / f_x (isotropic, as in
-    the reference data pipeline), so the metric pointmap in metres is canonical / s.
+    the reference data pipeline), so the metric pointmap in metres is canonical / s. At the
+    guided scales the decoder also predicts a silhouette and adds a residual to a prior canonical
+    map (the train mean map, `PointmapTask.initialise_head`) shifted per image by an offset read
+    off the silhouette (`sapiens2.tasks.silhouette_depth`, with the measurements behind it).
     """
 
     def __init__(self, in_channels: int, scale: str) -> None:
@@ -277,20 +283,34 @@ class PointmapHead(nn.Module):
         widths = select_widths(PIXEL_SHUFFLE_WIDTHS, scale, in_channels, PIXEL_SHUFFLE_WIDTHS_BY_EMBED_DIM)
         guided = scale in GUIDED_SCALES
         # InstanceNorm removes each image's per-channel mean, and with it the per-image depth
-        # offset the canonical map needs; the narrow guided decoder has no other path for it, so
-        # it normalises over channels per pixel (the albedo head's RMSNorm) instead.
-        self.decoder = PixelShuffleDecoder(in_channels, widths, 3, norm="rms" if guided else "instance",
+        # offset the canonical map needs; the narrow guided decoder normalises over channels per
+        # pixel (the albedo head's RMSNorm) instead.
+        self.decoder = PixelShuffleDecoder(in_channels, widths, 4 if guided else 3, norm="rms" if guided else "instance",
                                            image_guidance=guided)
         self.scale_branch = ScaleBranch(in_channels, SCALE_BRANCH_WIDTHS[scale])
+        self.silhouette_offset = SilhouetteOffset() if guided else None
+        if guided:
+            self.register_buffer("prior", torch.zeros(3, *PRIOR_GRID))
+            with torch.no_grad():  # the first prediction is the prior; the silhouette starts as background
+                self.decoder.out.weight[:3].zero_()
+                self.decoder.out.bias[:3].zero_()
+                self.decoder.out.bias[3].fill_(-1.0)
 
     @property
     def takes_image(self) -> bool:
         return self.decoder.takes_image
 
     def forward(self, features: torch.Tensor, image: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        canonical = self.decoder(features, image)
+        decoded = self.decoder(features, image)
         s = self.scale_branch(features)
-        return {"pointmap": canonical / s[:, None, None, None], "canonical": canonical, "scale": s}
+        if self.silhouette_offset is None:
+            return {"pointmap": decoded / s[:, None, None, None], "canonical": decoded, "scale": s}
+        silhouette_logit = decoded[:, 3]
+        offset = self.silhouette_offset(torch.sigmoid(silhouette_logit))
+        canonical = (prior_at(self.prior, decoded.shape[-2:]) + RESIDUAL_SCALE * decoded[:, :3]
+                     + offset[:, :, None, None])
+        return {"pointmap": canonical / s[:, None, None, None], "canonical": canonical, "scale": s,
+                "silhouette_logit": silhouette_logit}
 
 
 def build_deconv_head(

@@ -8,13 +8,14 @@ width of 768 pixels, so it is expressed per pixel of image width and scales with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import cv2
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from sapiens2.tasks.angular import (
     accumulate_angular,
@@ -25,6 +26,7 @@ from sapiens2.tasks.angular import (
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
 from sapiens2.tasks.heads import PointmapHead
 from sapiens2.tasks.losses import cosine_distance, masked_l1, scale_invariant_log_loss
+from sapiens2.tasks.silhouette_depth import prior_on_grid
 
 WITHIN_M = (0.05, 0.10, 0.20)
 
@@ -67,9 +69,34 @@ class PointmapTask(Task):
     depth_silog_weight: float = 1.0
     normal_cosine_weight: float = 1.0
     scale_l1_weight: float = 1.0
+    silhouette_weight: float = 1.0  # BCE of the small head's silhouette (its offset reads it)
+    # The train mean canonical map (3, H, W), fitted by `with_label_statistics`; the small head
+    # starts from it (`initialise_head`).
+    canonical_prior: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def build_head(self, embed_dim: int, scale: str) -> nn.Module:
         return PointmapHead(embed_dim, scale)
+
+    def with_label_statistics(self, samples: Any) -> PointmapTask:
+        """The task holding the per-pixel mean canonical map of these samples (the mean-map
+        baseline's definition, fitted to the images the run trains on)."""
+        from sapiens2.data.dataset import collate  # here: the data package imports the tasks'
+        from sapiens2.tasks.baselines import MeanCanonicalPointmap
+
+        mean_map, chunk = MeanCanonicalPointmap(self), []
+        for sample in samples:
+            chunk.append(sample)
+            if len(chunk) == 64:
+                mean_map.update(collate(chunk))
+                chunk = []
+        if chunk:
+            mean_map.update(collate(chunk))
+        return replace(self, canonical_prior=mean_map.canonical())
+
+    def initialise_head(self, head: nn.Module) -> None:
+        if self.canonical_prior is not None and getattr(head, "prior", None) is not None:
+            with torch.no_grad():
+                head.prior.copy_(prior_on_grid(self.canonical_prior))
 
     def loss(
         self, pred: dict[str, torch.Tensor], batch: dict[str, Any]
@@ -80,8 +107,12 @@ class PointmapTask(Task):
         target = batch["pointmap"].to(canonical) * s_gt[:, None, None, None]
         pred_normals, valid = normals_from_pointmap(canonical, mask)
         target_normals, _ = normals_from_pointmap(target, mask)
+        terms = {}
+        if "silhouette_logit" in pred:
+            terms["silhouette_bce"] = (self.silhouette_weight, F.binary_cross_entropy_with_logits(
+                pred["silhouette_logit"], mask.to(canonical.dtype)))
         return weighted_items(
-            {
+            terms | {
                 "canonical_l1": (self.canonical_l1_weight, masked_l1(canonical, target, mask)),
                 "depth_silog": (
                     self.depth_silog_weight,

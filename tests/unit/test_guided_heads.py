@@ -56,7 +56,11 @@ def task_model(name: str, backbone):
 
 
 def dense(output):
-    return output["pointmap"] if isinstance(output, dict) else output
+    """The head's maps as one tensor; the pointmap head's fresh canonical map is its prior (no
+    image in it), so its silhouette is what shows the image reaching it."""
+    if isinstance(output, dict):
+        return torch.cat([output["pointmap"], output["silhouette_logit"][:, None]], dim=1)
+    return output
 
 
 @pytest.mark.parametrize("name", GUIDED_TASKS)

@@ -128,3 +128,74 @@ def test_visualize_depth_colours_near_differs_from_far():
     picture = task.visualize(np.zeros((4, 4, 3), np.uint8), points)
     assert picture.dtype == np.uint8 and (picture[3] == 0).all()
     assert not (picture[0, 0] == picture[2, 0]).all()
+
+
+def _plane_samples(n: int = 3) -> list[dict]:
+    """Per-sample (dataset-layout) versions of `plane_batch`'s images."""
+    batch = plane_batch(b=n)
+    return [{"id": f"plane{i}", "image": np.zeros((H, W, 3), np.uint8), "pointmap": batch["pointmap"][i].permute(1, 2, 0).numpy(),
+             "K": batch["K"][i].numpy(), "mask": batch["mask"][i].numpy()} for i in range(n)]
+
+
+def test_the_small_head_starts_from_the_train_mean_canonical_map():
+    from sapiens2.model import build_backbone
+    from sapiens2.tasks import build_task_model
+    from sapiens2.tasks.baselines import fit_baselines
+
+    samples = _plane_samples()
+    task = get_task("pointmap").with_label_statistics(iter(samples))
+    batch = plane_batch(b=3)
+    mean_map = fit_baselines("pointmap", get_task("pointmap"), [batch])["constant_mean"].canonical()
+    torch.testing.assert_close(task.canonical_prior, mean_map)
+    torch.manual_seed(0)
+    model = build_task_model("pointmap", build_backbone("sapiens2_debug", img_size=(128, 96))).eval()
+    images = torch.randn(2, 3, 128, 96)
+    with torch.no_grad():
+        untrained = model(images)["canonical"]
+        task.initialise_head(model.head)
+        fitted = model(images)["canonical"]
+    assert float(untrained.abs().max()) == 0.0  # nothing fitted: no prior, zero residual and offset
+    # A fresh head predicts the prior: the mean map, resampled to the head's grid and back, the
+    # same for every image (its residual and offset start at zero).
+    expected = torch.nn.functional.interpolate(mean_map[None], size=(128, 96), mode="bilinear")
+    assert torch.allclose(fitted[0], fitted[1])
+    assert float((fitted[0] - expected[0]).abs().mean()) < 0.02 * float(expected[0, 2].mean())
+
+
+def test_silhouette_offset_learns_depth_from_the_silhouette_height():
+    """Canonical depth of a framed person goes as 1 / their pixel height: the offset branch must
+    find it from silhouettes alone (a branch blind to the extent stays at the mean)."""
+    from sapiens2.tasks.silhouette_depth import SilhouetteOffset
+
+    rng = np.random.default_rng(0)
+    heights = rng.uniform(0.55, 0.95, 256)
+    silhouettes = torch.zeros(256, 128, 96)
+    for i, h in enumerate(heights):
+        top = int(rng.integers(0, int(128 * (1 - h)) + 1))
+        left = int(rng.integers(20, 60))
+        silhouettes[i, top:top + int(128 * h), left:left + 16] = 1.0
+    depth = torch.tensor(1.4 / heights, dtype=torch.float32)
+    torch.manual_seed(0)
+    branch = SilhouetteOffset()
+    optimizer = torch.optim.Adam(branch.parameters(), lr=3e-3)
+    for _ in range(300):
+        loss = (branch(silhouettes[:192])[:, 2] - depth[:192]).abs().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        held_out = (branch(silhouettes[192:])[:, 2] - depth[192:]).abs().mean()
+    spread = (depth[192:] - depth[:192].mean()).abs().mean()
+    assert float(held_out) < 0.25 * float(spread)
+
+
+def test_the_silhouette_enters_the_loss_when_the_head_predicts_one():
+    batch = plane_batch()
+    batch["mask"][:, :, :3] = False
+    s_gt = torch.full((2,), W / 12.0)
+    pred = prediction_for(batch["pointmap"], s_gt)
+    task = get_task("pointmap")
+    right = task.loss({**pred, "silhouette_logit": 20.0 * (batch["mask"].float() - 0.5)}, batch)[1]
+    wrong = task.loss({**pred, "silhouette_logit": -20.0 * (batch["mask"].float() - 0.5)}, batch)[1]
+    assert right["silhouette_bce"] < 1e-3 < 1.0 < wrong["silhouette_bce"]
+    assert "silhouette_bce" not in task.loss(pred, batch)[1]
