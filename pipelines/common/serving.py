@@ -5,7 +5,8 @@ the served signature is float32 so that JSON values arrive as sent; a uint8 sche
 floats in [0, 1] to zeros and answer 200), at most `MAX_IMAGES` per request and `MAX_SIDE` pixels
 a side; images of another size are resized to the model's input size and keypoints are mapped
 back to the caller's pixels. Output per task: pose (N, K, 3) x, y,
-score; seg (N, H, W) class ids; normal (N, H, W, 3) unit vectors; pointmap (N, H, W, 3) metres;
+score; seg (N, H, W) class ids; normal (N, H, W, 3) unit vectors; pointmap (N, H, W, 3) metres (zero off the
+predicted silhouette where the head predicts one);
 albedo (N, H, W, 3) in [0, 1]. Dense outputs come at the model's input size.
 """
 

@@ -127,8 +127,12 @@ class PointmapTask(Task):
         )
 
     def decode(self, pred: dict[str, torch.Tensor]) -> list[np.ndarray]:
-        """(H, W, 3) float32 camera-space XYZ in metres."""
-        return list(pred["pointmap"].detach().float().permute(0, 2, 3, 1).cpu().numpy())
+        """(H, W, 3) float32 camera-space XYZ in metres; where the head predicts a silhouette, the
+        points off it are zero, as off the person's mask in the labels."""
+        points = pred["pointmap"].detach().float()
+        if "silhouette_logit" in pred:
+            points = points * (pred["silhouette_logit"].detach() > 0)[:, None]
+        return list(points.permute(0, 2, 3, 1).cpu().numpy())
 
     def metric(self) -> PointmapMetric:
         return PointmapMetric(self.canonical_focal_per_width)

@@ -199,3 +199,15 @@ def test_the_silhouette_enters_the_loss_when_the_head_predicts_one():
     wrong = task.loss({**pred, "silhouette_logit": -20.0 * (batch["mask"].float() - 0.5)}, batch)[1]
     assert right["silhouette_bce"] < 1e-3 < 1.0 < wrong["silhouette_bce"]
     assert "silhouette_bce" not in task.loss(pred, batch)[1]
+
+
+def test_decoded_points_off_the_predicted_silhouette_are_zero():
+    batch = plane_batch(b=1)
+    pred = prediction_for(batch["pointmap"], torch.full((1,), W / 12.0))
+    logit = torch.full((1, H, W), -3.0)
+    logit[:, 2:5, 1:4] = 3.0
+    decoded = get_task("pointmap").decode({**pred, "silhouette_logit": logit})[0]
+    on = (logit[0] > 0).numpy()
+    np.testing.assert_allclose(decoded[on], batch["pointmap"][0].permute(1, 2, 0).numpy()[on])
+    assert not decoded[~on].any()
+    assert get_task("pointmap").decode(pred)[0].all()  # no silhouette: every point kept
