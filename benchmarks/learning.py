@@ -8,9 +8,8 @@ Prints one JSON object: every metric of every model, the trivial baselines, the 
 pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. The last measured run (commit efc1853) took 53.0 minutes on a
-machine that ran the unchanged stages 1.25x slower than the run before (37.6 minutes with normal and
-albedo at 200 steps); the work folder must be new or empty.
+Dagster `training` pool runs them. The last measured run (commit 8c4edaa) took 40.9 minutes on an
+idle 2-core machine; the work folder must be new or empty.
 """
 
 from __future__ import annotations
