@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from sapiens2.tasks.base import Task
-from sapiens2.tasks.pointmap import PointmapTask, canonical_scale
+from sapiens2.tasks.pointmap import MeanCanonicalMap, PointmapTask
 from sapiens2.tasks.pose import PoseTask
 from sapiens2.labels import IGNORE_INDEX
 from sapiens2.tasks.seg import SegTask
@@ -116,38 +116,24 @@ class InputImage(TrivialBaseline):
 
 
 class MeanCanonicalPointmap(TrivialBaseline):
-    """Per-pixel mean of the train canonical pointmaps (metric x s_gt) and the mean scale s.
+    """Per-pixel mean of the train canonical pointmaps and the mean scale s (`MeanCanonicalMap`).
 
-    Pixels never on a train mask take the mean over all masked train pixels. Output is the
-    `PointmapHead` dict, the metric pointmap being canonical / s.
+    Output is the `PointmapHead` dict, the metric pointmap being canonical / s.
     """
 
     def __init__(self, task: PointmapTask) -> None:
-        self.focal_per_width = task.canonical_focal_per_width
-        self.sum: torch.Tensor | None = None
-        self.count: torch.Tensor | None = None
-        self.scale_sum, self.images = 0.0, 0
+        self.mean = MeanCanonicalMap(task.canonical_focal_per_width)
 
     def update(self, batch: Batch) -> None:
-        points = batch["pointmap"].double()
-        s_gt = canonical_scale(batch, self.focal_per_width, points)
-        mask = batch["mask"][:, None].to(points)
-        if self.sum is None:
-            self.sum, self.count = torch.zeros_like(points[0]), torch.zeros_like(mask[0, 0])
-        self.sum += (points * s_gt[:, None, None, None] * mask).sum(dim=0)
-        self.count += mask[:, 0].sum(dim=0)
-        self.scale_sum += float(s_gt.sum())
-        self.images += points.shape[0]
+        self.mean.update(batch)
 
     def canonical(self) -> torch.Tensor:
-        self._check_fitted(self.count is not None and bool(self.count.sum()))
-        overall = self.sum.sum(dim=(1, 2)) / self.count.sum()
-        per_pixel = self.sum / self.count.clamp(min=1)
-        return torch.where(self.count > 0, per_pixel, overall[:, None, None]).float()
+        self._check_fitted(self.mean.fitted)
+        return self.mean.canonical()
 
     def predict(self, batch: Batch) -> dict[str, torch.Tensor]:
         canonical = self.canonical().expand(batch["image"].shape[0], -1, -1, -1)
-        scale = torch.full((canonical.shape[0],), self.scale_sum / self.images)
+        scale = torch.full((canonical.shape[0],), self.mean.mean_scale)
         return {"pointmap": canonical / scale[:, None, None, None], "canonical": canonical, "scale": scale}
 
 

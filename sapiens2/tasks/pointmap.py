@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from sapiens2.data.dataset import collate
 from sapiens2.tasks.angular import (
     accumulate_angular,
     angular_error_deg,
@@ -55,6 +56,44 @@ def canonical_scale(
     return canonical_focal_per_width * width / fx
 
 
+class MeanCanonicalMap:
+    """Per-pixel mean of canonical pointmaps (metric x s_gt) over the masked pixels of labelled
+    batches, and the mean scale s: the mean-map baseline and the small head's prior. Pixels never
+    on a mask take the mean over all masked pixels."""
+
+    def __init__(self, canonical_focal_per_width: float) -> None:
+        self.focal_per_width = canonical_focal_per_width
+        self.sum: torch.Tensor | None = None
+        self.count: torch.Tensor | None = None
+        self.scale_sum, self.images = 0.0, 0
+
+    def update(self, batch: dict[str, Any]) -> None:
+        points = batch["pointmap"].double()
+        s_gt = canonical_scale(batch, self.focal_per_width, points)
+        mask = batch["mask"][:, None].to(points)
+        if self.sum is None:
+            self.sum, self.count = torch.zeros_like(points[0]), torch.zeros_like(mask[0, 0])
+        self.sum += (points * s_gt[:, None, None, None] * mask).sum(dim=0)
+        self.count += mask[:, 0].sum(dim=0)
+        self.scale_sum += float(s_gt.sum())
+        self.images += points.shape[0]
+
+    @property
+    def fitted(self) -> bool:
+        return self.count is not None and bool(self.count.sum())
+
+    @property
+    def mean_scale(self) -> float:
+        return self.scale_sum / self.images
+
+    def canonical(self) -> torch.Tensor:
+        if not self.fitted:
+            raise ValueError("the mean canonical map needs labelled pixels; none were seen")
+        overall = self.sum.sum(dim=(1, 2)) / self.count.sum()
+        per_pixel = self.sum / self.count.clamp(min=1)
+        return torch.where(self.count > 0, per_pixel, overall[:, None, None]).float()
+
+
 @dataclass(frozen=True)
 class PointmapTask(Task):
     """Camera-space pointmaps in metres with a per-image focal scale."""
@@ -80,10 +119,7 @@ class PointmapTask(Task):
     def with_label_statistics(self, samples: Any) -> PointmapTask:
         """The task holding the per-pixel mean canonical map of these samples (the mean-map
         baseline's definition, fitted to the images the run trains on)."""
-        from sapiens2.data.dataset import collate  # here: the data package imports the tasks'
-        from sapiens2.tasks.baselines import MeanCanonicalPointmap
-
-        mean_map, chunk = MeanCanonicalPointmap(self), []
+        mean_map, chunk = MeanCanonicalMap(self.canonical_focal_per_width), []
         for sample in samples:
             chunk.append(sample)
             if len(chunk) == 64:
