@@ -31,10 +31,10 @@ TRAINING_RETRY = dg.RetryPolicy(max_retries=1, delay=10)
 # tag lets the run's executor enforce it within one.
 TRAINING_TAGS = {"sapiens2/kind": "training"}
 # Pretraining first (five fine-tunings wait for it), then the longest fine-tunings (the demo: seg
-# 600 steps of a full-resolution head, pose 450 steps), so the two slots finish together instead
-# of one long run ending alone.
-PRETRAINING_PRIORITY = 3
-TASK_PRIORITY = {"seg": 2, "pose": 1}
+# 600 steps of a full-resolution head, pose 450 steps, pointmap 200), so the two slots finish
+# together instead of one long run ending alone.
+PRETRAINING_PRIORITY = 4
+TASK_PRIORITY = {"seg": 3, "pose": 2, "pointmap": 1}
 
 
 def task_op_tags(task: str) -> dict[str, str]:

@@ -38,6 +38,7 @@ SMALL_RECIPE = {
     # model is erratic at short schedules (AP 0.026 at 250 steps, 0.0006 at 300, 0.023 at 400).
     "finetune.steps": 100,
     "finetune.task_steps.pose": 400,
+    "finetune.task_steps.pointmap": 100,
     "finetune.log_every": 50,
     "finetune.optim.warmup_steps": 20,
     "finetune.optim.lr": 0.003,

@@ -64,6 +64,7 @@ def test_dvc_repro_curates_with_the_bytes_the_dagster_assets_write(tmp_path: Pat
 
 # Short fine-tunes: the point is equal bytes, not good models.
 TRAINING = {**RECIPE, "finetune.steps": 6, "finetune.task_steps.pose": 6, "finetune.task_steps.seg": 6,
+            "finetune.task_steps.pointmap": 6,
             "finetune.log_every": 3, "finetune.optim.warmup_steps": 2, "finetune.checkpoint.every_n_steps": 3}
 TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
 
