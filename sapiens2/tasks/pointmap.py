@@ -109,6 +109,7 @@ class PointmapTask(Task):
     normal_cosine_weight: float = 1.0
     scale_l1_weight: float = 1.0
     silhouette_weight: float = 1.0  # BCE of the small head's silhouette (its offset reads it)
+    silhouette_pos_weight: float = 1.0  # weight of the person pixels in that BCE (BCE's pos_weight)
     # The train mean canonical map (3, H, W), fitted by `with_label_statistics`; the small head
     # starts from it (`initialise_head`).
     canonical_prior: torch.Tensor | None = field(default=None, compare=False, repr=False)
@@ -146,7 +147,8 @@ class PointmapTask(Task):
         terms = {}
         if "silhouette_logit" in pred:
             terms["silhouette_bce"] = (self.silhouette_weight, F.binary_cross_entropy_with_logits(
-                pred["silhouette_logit"], mask.to(canonical.dtype)))
+                pred["silhouette_logit"], mask.to(canonical.dtype),
+                pos_weight=canonical.new_tensor(self.silhouette_pos_weight)))
         return weighted_items(
             terms | {
                 "canonical_l1": (self.canonical_l1_weight, masked_l1(canonical, target, mask)),

@@ -201,6 +201,25 @@ def test_the_silhouette_enters_the_loss_when_the_head_predicts_one():
     assert "silhouette_bce" not in task.loss(pred, batch)[1]
 
 
+def test_silhouette_pos_weight_charges_missed_person_pixels_more():
+    """A silhouette that calls everything background costs pos_weight x more on the person
+    pixels; one that calls everything person is charged as before (the background term)."""
+    import dataclasses
+
+    batch = plane_batch()
+    batch["mask"][:, :, :3] = False
+    pred = prediction_for(batch["pointmap"], torch.full((2,), W / 12.0))
+    task = get_task("pointmap")
+    weighted = dataclasses.replace(task, silhouette_pos_weight=3.0)
+
+    def bce(t, sign: float) -> float:
+        logit = torch.full(batch["mask"].shape, sign * 20.0)
+        return float(t.loss({**pred, "silhouette_logit": logit}, batch)[1]["silhouette_bce"])
+
+    assert bce(weighted, -1.0) == pytest.approx(3.0 * bce(task, -1.0), rel=1e-4)
+    assert bce(weighted, 1.0) == pytest.approx(bce(task, 1.0), rel=1e-4)
+
+
 def test_decoded_points_off_the_predicted_silhouette_are_zero():
     batch = plane_batch(b=1)
     pred = prediction_for(batch["pointmap"], torch.full((1,), W / 12.0))
