@@ -27,11 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipelines.common.config import load_config  # noqa: E402
-from pipelines.common.task_models import SCRATCH, initial_model  # noqa: E402
+from pipelines.common.task_models import SCRATCH, finetune_param_groups, initial_model  # noqa: E402
 from pipelines.evaluate import _dataset, _task, score  # noqa: E402
 from sapiens2.data.dataset import CuratedDataset, collate  # noqa: E402
 from sapiens2.tasks import TASK_NAMES  # noqa: E402
-from sapiens2.train.lr_decay import layerwise_param_groups  # noqa: E402
 from sapiens2.train.schedules import lr_schedule  # noqa: E402
 
 
@@ -61,8 +60,7 @@ def calibrate(config, task_name: str, curated: Path, backbone: Path | str, steps
     val, scorer = _dataset(config, curated, "val", task_name), _task(task_name, config)
     model = initial_model(config, task_name, backbone)
     task.initialise_head(model.head)
-    groups = layerwise_param_groups(model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
-                                    model.backbone.depth, model.backbone.layer_id, head_lr_scale=cfg.optim.head_lr_scale)
+    groups = finetune_param_groups(model, cfg.optim, steps)
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
     lrs, batch_size = lr_schedule(cfg.optim, steps), cfg.deepspeed.micro_batch_size
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -77,7 +75,7 @@ def calibrate(config, task_name: str, curated: Path, backbone: Path | str, steps
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.deepspeed.grad_clip)
         for group in optimizer.param_groups:
-            group["lr"] = lrs[step] * group["lr_scale"]
+            group["lr"] = 0.0 if step < group["frozen_until"] else lrs[step] * group["lr_scale"]
         optimizer.step()
         losses.append(float(loss.detach()))
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:

@@ -22,14 +22,15 @@ from pipelines.common.config import PlatformConfig, load_config
 from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png
-from pipelines.common.task_models import SCRATCH, backbone_weights, initial_model, record_backbone
+from pipelines.common.task_models import (
+    SCRATCH, backbone_weights, finetune_param_groups, initial_model, record_backbone,
+)
 from sapiens2.data.dataset import CuratedDataset
 from sapiens2.model import save_checkpoint
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.recipe import FinetuneRecipe
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
 from sapiens2.train.engine import init_distributed, initialize
-from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
 from sapiens2.train.trainer import Trainer
 
@@ -52,10 +53,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     task = task.with_label_statistics(data[i] for i in range(len(data)))
     model = initial_model(config, task_name, backbone_path)
     task.initialise_head(model.head)
-    groups = layerwise_param_groups(
-        model, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay, model.backbone.depth, model.backbone.layer_id,
-        head_lr_scale=cfg.optim.head_lr_scale,
-    )
+    groups = finetune_param_groups(model, cfg.optim, steps)
     engine = initialize(model, groups, ds, cfg.optim)
     full = config.to_dict()
     settings = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],

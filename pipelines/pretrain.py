@@ -67,6 +67,8 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
         student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
         student.backbone.depth, student.backbone.layer_id,
         frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0,
+        # Used normalised: decay would only shrink their norm and so inflate their effective step.
+        no_weight_decay=lambda name: name.endswith(PROTOTYPES),
     )
     engine = initialize(student, groups, ds, cfg.optim)
     recipe = PretrainRecipe(engine, teacher, obj, images, config.image_size, ds.micro_batch_size, cfg.steps)

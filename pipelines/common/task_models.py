@@ -1,4 +1,5 @@
-"""The model a fine-tune starts from, which evaluation rebuilds for its untrained-head baseline."""
+"""The model a fine-tune starts from (which evaluation rebuilds for its untrained-head baseline)
+and the optimizer groups it trains with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from pipelines.common.config import PlatformConfig
 from sapiens2.model import build_backbone, load_checkpoint
 from sapiens2.tasks import TaskModel, build_task_model
+from sapiens2.train.config import FinetuneOptimSection
+from sapiens2.train.lr_decay import layerwise_param_groups
 
 # `backbone_init` of a from-scratch control: the backbone starts from its seeded random init.
 SCRATCH = "scratch"
@@ -33,6 +36,16 @@ def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) 
     torch.manual_seed(config.finetune.seed)
     return build_task_model(task, backbone, **config.task_settings(task))
 
+
+
+def finetune_param_groups(model: TaskModel, optim: FinetuneOptimSection, steps: int) -> list[dict]:
+    """AdamW groups of a `steps`-step fine-tune: layer-wise lr decay over the backbone, the head
+    at `head_lr_scale`, and the backbone frozen for its `backbone_frozen_fraction` of the run."""
+    frozen = optim.backbone_frozen_steps(steps)
+    return layerwise_param_groups(
+        model, optim.lr, optim.weight_decay, optim.layer_decay, model.backbone.depth, model.backbone.layer_id,
+        frozen_steps=lambda name: frozen if name.startswith("backbone.") else 0, head_lr_scale=optim.head_lr_scale,
+    )
 
 def record_backbone(backbone_path: Path | str, model_dir: Path) -> str:
     """`backbone_init` as `model.json` stores it: relative to the model folder, so the folder's

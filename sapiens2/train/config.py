@@ -57,6 +57,15 @@ class FinetuneOptimSection(OptimSection):
     head_lr_scale: float = Field(
         1.0, gt=0, description="lr multiplier of the parameters outside the backbone (the freshly initialised task head)"
     )
+    # LP-FT: the fresh head first fits features the backbone already has, so its early, large and
+    # random gradients do not overwrite them. A fraction of the run, as each task trains its own steps.
+    backbone_frozen_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of the first fine-tuning steps in which the backbone's lr is 0"
+    )
+
+    def backbone_frozen_steps(self, steps: int) -> int:
+        """Optimizer steps of a `steps`-step run during which the backbone stays frozen."""
+        return round(self.backbone_frozen_fraction * steps)
 
 
 class CheckpointSection(_Section):

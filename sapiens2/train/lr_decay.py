@@ -17,6 +17,7 @@ def layerwise_param_groups(
     backbone_prefix: str = "backbone.",
     frozen_steps: Callable[[str], int] | None = None,
     head_lr_scale: float = 1.0,
+    no_weight_decay: Callable[[str], bool] | None = None,
 ) -> list[dict]:
     """Split the trainable parameters of `model` into AdamW groups.
 
@@ -24,12 +25,14 @@ def layerwise_param_groups(
     where `layer_id_fn(name_without_prefix)` returns 0 for the embeddings (patch embedding, CLS and
     storage tokens), i + 1 for block i and num_layers + 1 for the final norm. So embeddings get
     rate^(L+1), block i rate^(L-i) and the final norm 1; parameters outside the backbone (task
-    heads, decoders) get `head_lr_scale`. 1-D parameters (norms, LayerScale) and biases get no weight decay.
+    heads, decoders) get `head_lr_scale`. 1-D parameters (norms, LayerScale), biases and the
+    parameters `no_weight_decay(name)` names (DINO's prototypes) get no weight decay.
 
     Each group carries `lr` (= base_lr * lr_scale), `lr_scale`, `weight_decay` and
     `frozen_until` (the training loop rescales `lr` from `lr_scale` every step and sets it to 0
     before step `frozen_until`). `frozen_steps(name)` gives a parameter's frozen steps (DINO's
-    last layer); frozen parameters get no weight decay either.
+    last layer, a fine-tune's backbone); a frozen parameter keeps its weight decay for the steps
+    after it thaws (at lr 0 AdamW's decoupled decay is 0 too).
     """
     groups: dict[tuple[float, float, int], dict] = {}
     for name, param in model.named_parameters():
@@ -42,7 +45,8 @@ def layerwise_param_groups(
                 raise ValueError(f"layer_id_fn gave {layer_id} for {name!r}; expected 0..{num_layers + 1}")
             scale = layer_decay ** (num_layers + 1 - layer_id)
         frozen = frozen_steps(name) if frozen_steps else 0
-        decay = 0.0 if param.ndim <= 1 or name.endswith(".bias") or frozen else weight_decay
+        exempt = param.ndim <= 1 or name.endswith(".bias") or (no_weight_decay is not None and no_weight_decay(name))
+        decay = 0.0 if exempt else weight_decay
         group = groups.setdefault(
             (scale, decay, frozen),
             {"params": [], "lr": base_lr * scale, "lr_scale": scale, "weight_decay": decay, "frozen_until": frozen},

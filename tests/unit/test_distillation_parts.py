@@ -302,6 +302,7 @@ def test_prototypes_are_frozen_and_never_decayed():
         student, base_lr=1e-3, weight_decay=0.05, layer_decay=0.8,
         num_layers=student.backbone.depth, layer_id_fn=student.backbone.layer_id,
         frozen_steps=lambda name: 5 if name.endswith(PROTOTYPES) else 0,
+        no_weight_decay=lambda name: name.endswith(PROTOTYPES),
     )
     names = {id(p): n for n, p in student.named_parameters()}
     prototypes = {n for n in names.values() if n.endswith("prototypes")}
