@@ -60,9 +60,10 @@ def calibrate(config, task_name: str, curated: Path, backbone: Path | str, steps
     val, scorer = _dataset(config, curated, "val", task_name), _task(task_name, config)
     model = initial_model(config, task_name, backbone)
     task.initialise_head(model.head)
-    groups = finetune_param_groups(model, cfg.optim, steps)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
-    lrs, batch_size = lr_schedule(cfg.optim, steps), cfg.deepspeed.micro_batch_size
+    optim = cfg.optim_for(task_name)
+    groups = finetune_param_groups(model, optim, steps)
+    optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
+    lrs, batch_size = lr_schedule(optim, steps), cfg.deepspeed.micro_batch_size
     generator = torch.Generator().manual_seed(cfg.seed)
     curve, losses, start = [], [], time.perf_counter()
     for step in range(steps):

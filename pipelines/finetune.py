@@ -53,8 +53,9 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     task = task.with_label_statistics(data[i] for i in range(len(data)))
     model = initial_model(config, task_name, backbone_path)
     task.initialise_head(model.head)
-    groups = finetune_param_groups(model, cfg.optim, steps)
-    engine = initialize(model, groups, ds, cfg.optim)
+    optim = cfg.optim_for(task_name)
+    groups = finetune_param_groups(model, optim, steps)
+    engine = initialize(model, groups, ds, optim)
     full = config.to_dict()
     settings = {**full["finetune"], "task": task_name, "image_size": full["image_size"], "arch": full["pretrain"]["arch"],
               "init": "scratch" if str(backbone_path) == SCRATCH else "pretrained"}
@@ -63,7 +64,7 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
     run_name = f"{task_name}-scratch" if str(backbone_path) == SCRATCH else task_name
 
     with rank_zero_pipes(rank) as pipes, RankZeroTracker(rank, "finetune", lineage, config.to_dict(), run_name=run_name) as tracker:
-        trainer = Trainer(engine, FinetuneRecipe(engine, task, data, ds.micro_batch_size), lr_schedule(cfg.optim, steps),
+        trainer = Trainer(engine, FinetuneRecipe(engine, task, data, ds.micro_batch_size), lr_schedule(optim, steps),
                           checkpoints, cfg.seed, ds.grad_accum_steps)
         start = trainer.resume()
         log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)

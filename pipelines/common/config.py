@@ -115,6 +115,9 @@ class FinetuneConfig(_TrainingSection):
     )
     deepspeed: DeepSpeedSection = DeepSpeedSection()
     optim: FinetuneOptimSection = FinetuneOptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
+    task_optim: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-task overrides of `optim` fields, e.g. {pose: {backbone_frozen_fraction: 0.2}}"
+    )
 
     @field_validator("augment")
     @classmethod
@@ -161,6 +164,27 @@ class FinetuneConfig(_TrainingSection):
 
     def steps_for(self, task: str) -> int:
         return self.task_steps.get(task, self.steps)
+
+    @model_validator(mode="after")
+    def _valid_task_optim(self):
+        _check_task_names(self.task_optim)
+        for task in self.task_optim:
+            try:
+                optim = self.optim_for(task)
+            except ValidationError as err:
+                raise ValueError("; ".join(f"task_optim.{task}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                           for e in err.errors())) from None
+            if optim.warmup_steps > self.steps_for(task):
+                raise ValueError(f"task_optim.{task}: warmup_steps ({optim.warmup_steps}) exceeds steps "
+                                 f"({self.steps_for(task)})")
+        return self
+
+    def optim_for(self, task: str) -> FinetuneOptimSection:
+        """`optim` with the task's `task_optim` overrides applied."""
+        overrides = self.task_optim.get(task)
+        if not overrides:
+            return self.optim
+        return FinetuneOptimSection.model_validate({**self.optim.model_dump(), **overrides})
     checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
 
 
