@@ -118,6 +118,7 @@ class FinetuneConfig(_TrainingSection):
     task_optim: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-task overrides of `optim` fields, e.g. {pose: {backbone_frozen_fraction: 0.2}}"
     )
+    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
 
     @field_validator("augment")
     @classmethod
@@ -185,7 +186,6 @@ class FinetuneConfig(_TrainingSection):
         if not overrides:
             return self.optim
         return FinetuneOptimSection.model_validate({**self.optim.model_dump(), **overrides})
-    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
 
 
 # How much a fine-tuned model must beat its gate baseline by, in each task's primary-metric units:

@@ -37,7 +37,6 @@ def initial_model(config: PlatformConfig, task: str, backbone_path: Path | str) 
     return build_task_model(task, backbone, **config.task_settings(task))
 
 
-
 def finetune_param_groups(model: TaskModel, optim: FinetuneOptimSection, steps: int) -> list[dict]:
     """AdamW groups of a `steps`-step fine-tune: layer-wise lr decay over the backbone, the head
     at `head_lr_scale`, and the backbone frozen for its `backbone_frozen_fraction` of the run."""
@@ -46,6 +45,7 @@ def finetune_param_groups(model: TaskModel, optim: FinetuneOptimSection, steps: 
         model, optim.lr, optim.weight_decay, optim.layer_decay, model.backbone.depth, model.backbone.layer_id,
         frozen_steps=lambda name: frozen if name.startswith("backbone.") else 0, head_lr_scale=optim.head_lr_scale,
     )
+
 
 def record_backbone(backbone_path: Path | str, model_dir: Path) -> str:
     """`backbone_init` as `model.json` stores it: relative to the model folder, so the folder's
