@@ -30,20 +30,18 @@ import torch
 import yaml
 
 from pipelines.common.config import load_config
-from pipelines.common.task_models import SCRATCH, initial_model
+from pipelines.common.task_models import SCRATCH, finetune_param_groups, initial_model
 from sapiens2.data.augment import Augment, person_crop
 from sapiens2.data.dataset import COMMON_FIELDS, TASK_FIELDS, CuratedDataset, resize_sample
 from sapiens2.data.synth import render_person
 from sapiens2.model import build_backbone
-from sapiens2.pretrain.dino import PROTOTYPES
 from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher
 from sapiens2.pretrain.recipe import PretrainRecipe
-from sapiens2.pretrain.schedules import freeze_last_layer_steps
+from sapiens2.pretrain.schedules import pretrain_param_groups
 from sapiens2.tasks import TASK_NAMES
 from sapiens2.tasks.recipe import FinetuneRecipe
 from sapiens2.train.checkpoint import CheckpointManager
 from sapiens2.train.engine import init_distributed, initialize
-from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.trainer import Trainer
 
 # Backbone forward cost at 1024x768 in GMACs: /work/shared/reference/SAPIENS2_FACTS.md, section 1,
@@ -119,12 +117,9 @@ def rendered_people(config) -> list[dict]:
     return [resize_sample({"id": f"synthetic-{i}", **vars(p)}, *config.image_size) for i, p in enumerate(people)]
 
 
-def step_trainer(model, section, recipe_for, total_steps: int, **group_options) -> Trainer:
-    """The step's engine (layer-wise lr decay groups, `initialize`) and a `Trainer` on `section`'s
-    recipe that never checkpoints, at a constant lr: lr values do not change what a step costs."""
-    optim = section.optim
-    groups = layerwise_param_groups(model, optim.lr, optim.weight_decay, optim.layer_decay, model.backbone.depth,
-                                    model.backbone.layer_id, **group_options)
+def step_trainer(model, groups: list[dict], section, optim, recipe_for, total_steps: int) -> Trainer:
+    """The step's engine (`initialize` on the step's own optimizer groups) and a `Trainer` on
+    `section`'s recipe that never checkpoints, at a constant lr: lr values do not change what a step costs."""
     engine = initialize(model, groups, section.deepspeed, optim)
     never = CheckpointManager(os.devnull, every_n_steps=total_steps + 1, keep_last=1)
     return Trainer(engine, recipe_for(engine), np.full(total_steps, optim.lr), never, section.seed, grad_accum_steps=1)
@@ -138,10 +133,9 @@ def pretrain_trainer(config, people: list[dict], total_steps: int) -> Trainer:
     torch.manual_seed(cfg.seed)
     student = PretrainStudent(build_backbone(cfg.arch, img_size=config.image_size), obj)
     teacher = build_teacher(student)
-    frozen = freeze_last_layer_steps(obj, total_steps)
-    return step_trainer(student, cfg, lambda engine: PretrainRecipe(
-        engine, teacher, obj, images, config.image_size, cfg.deepspeed.micro_batch_size, total_steps),
-        total_steps, frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0)
+    groups = pretrain_param_groups(student, cfg.optim, obj, total_steps)
+    return step_trainer(student, groups, cfg, cfg.optim, lambda engine: PretrainRecipe(
+        engine, teacher, obj, images, config.image_size, cfg.deepspeed.micro_batch_size, total_steps), total_steps)
 
 
 def finetune_trainer(config, task_name: str, people: list[dict], total_steps: int) -> Trainer:
@@ -152,7 +146,9 @@ def finetune_trainer(config, task_name: str, people: list[dict], total_steps: in
     samples = [{f: p[f] for f in ("id", "image", *COMMON_FIELDS, *TASK_FIELDS[task_name])} for p in people]
     if task.person_crop_padding is not None:
         samples = [person_crop(s, task.person_crop_padding) for s in samples]
-    return step_trainer(initial_model(config, task_name, SCRATCH), cfg, lambda engine: FinetuneRecipe(
+    model, optim = initial_model(config, task_name, SCRATCH), cfg.optim_for(task_name)
+    groups = finetune_param_groups(model, optim, total_steps)
+    return step_trainer(model, groups, cfg, optim, lambda engine: FinetuneRecipe(
         engine, task, InMemoryLabelledData(samples, augment, cfg.seed), cfg.deepspeed.micro_batch_size), total_steps)
 
 

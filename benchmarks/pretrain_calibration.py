@@ -29,14 +29,12 @@ from benchmarks.recipe_calibration import _config  # noqa: E402
 from pipelines.pretrain import build_student  # noqa: E402
 from sapiens2.data.images import load_split_images  # noqa: E402
 from sapiens2.model import save_checkpoint  # noqa: E402
-from sapiens2.pretrain.dino import PROTOTYPES  # noqa: E402
 from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS, build_teacher  # noqa: E402
 from sapiens2.pretrain.probes import run_probes  # noqa: E402
 from sapiens2.pretrain.recipe import PretrainRecipe  # noqa: E402
-from sapiens2.pretrain.schedules import freeze_last_layer_steps  # noqa: E402
+from sapiens2.pretrain.schedules import pretrain_param_groups  # noqa: E402
 from sapiens2.pretrain.selection import probe_batches  # noqa: E402
 from sapiens2.train.engine import set_lr  # noqa: E402
-from sapiens2.train.lr_decay import layerwise_param_groups  # noqa: E402
 from sapiens2.train.schedules import lr_schedule  # noqa: E402
 
 PROBE_KEYS = ("knn_viewpoint_acc", "part_correspondence_acc", "patch_image_identity")
@@ -62,10 +60,7 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
     student = build_student(config)
     random_backbone = build_student(config).backbone
     teacher = build_teacher(student)
-    frozen = freeze_last_layer_steps(obj, steps)
-    groups = layerwise_param_groups(student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
-                                    student.backbone.depth, student.backbone.layer_id,
-                                    frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0)
+    groups = pretrain_param_groups(student, cfg.optim, obj, steps)
     optimizer = torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
     engine = PlainEngine(student, optimizer)
     recipe = PretrainRecipe(engine, teacher, obj, images, config.image_size, batch_size, steps)

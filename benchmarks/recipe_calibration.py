@@ -31,6 +31,7 @@ from pipelines.common.task_models import SCRATCH, finetune_param_groups, initial
 from pipelines.evaluate import _dataset, _task, score  # noqa: E402
 from sapiens2.data.dataset import CuratedDataset, collate  # noqa: E402
 from sapiens2.tasks import TASK_NAMES  # noqa: E402
+from sapiens2.train.lr_decay import apply_lr  # noqa: E402
 from sapiens2.train.schedules import lr_schedule  # noqa: E402
 
 
@@ -75,8 +76,7 @@ def calibrate(config, task_name: str, curated: Path, backbone: Path | str, steps
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.deepspeed.grad_clip)
-        for group in optimizer.param_groups:
-            group["lr"] = 0.0 if step < group["frozen_until"] else lrs[step] * group["lr_scale"]
+        apply_lr(optimizer.param_groups, float(lrs[step]), step)
         optimizer.step()
         losses.append(float(loss.detach()))
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:

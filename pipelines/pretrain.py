@@ -32,15 +32,13 @@ from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
 from sapiens2.model import build_backbone, save_checkpoint
-from sapiens2.pretrain.dino import PROTOTYPES
 from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher
 from sapiens2.pretrain.monitors import collapse_verdict
 from sapiens2.pretrain.recipe import PretrainRecipe
-from sapiens2.pretrain.schedules import freeze_last_layer_steps
+from sapiens2.pretrain.schedules import pretrain_param_groups
 from sapiens2.pretrain.selection import probe_and_choose
 from sapiens2.train.checkpoint import CheckpointManager, export_full_state_dict
 from sapiens2.train.engine import init_distributed, initialize
-from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import lr_schedule
 from sapiens2.train.trainer import Trainer
 
@@ -62,14 +60,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
 
     student = build_student(config)
     teacher = build_teacher(student)  # before ZeRO-3 partitions the student's parameters
-    frozen = freeze_last_layer_steps(obj, cfg.steps)
-    groups = layerwise_param_groups(
-        student, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.layer_decay,
-        student.backbone.depth, student.backbone.layer_id,
-        frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0,
-        # Used normalised: decay would only shrink their norm and so inflate their effective step.
-        no_weight_decay=lambda name: name.endswith(PROTOTYPES),
-    )
+    groups = pretrain_param_groups(student, cfg.optim, obj, cfg.steps)
     engine = initialize(student, groups, ds, cfg.optim)
     recipe = PretrainRecipe(engine, teacher, obj, images, config.image_size, ds.micro_batch_size, cfg.steps)
     full = config.to_dict()

@@ -1,4 +1,5 @@
-"""Per-step schedules of the distillation objective, as arrays indexed by optimizer step.
+"""Per-step schedules of the distillation objective, as arrays indexed by optimizer step, and the
+pretraining optimizer groups whose prototypes those schedules freeze.
 
 Every length is a fraction of the run (``ObjectiveConfig``), resolved to steps here and nowhere
 else.
@@ -7,8 +8,12 @@ else.
 from __future__ import annotations
 
 import numpy as np
+from torch import nn
 
 from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.pretrain.dino import PROTOTYPES
+from sapiens2.train.config import OptimSection
+from sapiens2.train.lr_decay import layerwise_param_groups
 from sapiens2.train.schedules import cosine_momentum
 
 
@@ -43,6 +48,20 @@ def ema_momentum_start(cfg: ObjectiveConfig, total_steps: int) -> float:
 def freeze_last_layer_steps(cfg: ObjectiveConfig, total_steps: int) -> int:
     """Steps during which the heads' prototype layers get no update (DINO's first epoch)."""
     return int(round(cfg.freeze_last_layer_fraction * total_steps))
+
+
+def pretrain_param_groups(
+    student: nn.Module, optim: OptimSection, cfg: ObjectiveConfig, total_steps: int
+) -> list[dict]:
+    """AdamW groups of a pretraining run: layer-wise lr decay over the student's backbone, and the
+    heads' prototypes frozen for their first steps and never weight-decayed (they are used
+    normalised: decay would only shrink their norm and so inflate their effective step)."""
+    frozen = freeze_last_layer_steps(cfg, total_steps)
+    return layerwise_param_groups(
+        student, optim.lr, optim.weight_decay, optim.layer_decay, student.backbone.depth, student.backbone.layer_id,
+        frozen_steps=lambda name: frozen if name.endswith(PROTOTYPES) else 0,
+        no_weight_decay=lambda name: name.endswith(PROTOTYPES),
+    )
 
 
 def objective_schedules(cfg: ObjectiveConfig, total_steps: int) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.cpp_extension import get_default_build_root
 
 from sapiens2.train.config import DeepSpeedSection, OptimSection
+from sapiens2.train.lr_decay import apply_lr
 
 log = logging.getLogger(__name__)
 # A JIT op build (DeepSpeed's shm comm op on CPU) takes about a minute; a lock file older than
@@ -134,11 +135,8 @@ def initialize(
 
 
 def set_lr(engine: deepspeed.DeepSpeedEngine, lr: float, step: int | None = None) -> None:
-    """Set every param group's lr to `lr * group['lr_scale']`, or 0 for a group still frozen at
-    `step` (`frozen_until`); call before each optimizer step."""
-    for group in engine.optimizer.param_groups:
-        frozen = step is not None and step < group.get("frozen_until", 0)
-        group["lr"] = 0.0 if frozen else lr * group["lr_scale"]
+    """`apply_lr` on the engine's optimizer groups."""
+    apply_lr(engine.optimizer.param_groups, lr, step)
 
 
 def autocast_inputs(engine: deepspeed.DeepSpeedEngine, tensor: torch.Tensor) -> torch.Tensor:

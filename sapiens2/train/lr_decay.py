@@ -53,3 +53,11 @@ def layerwise_param_groups(
         )
         group["params"].append(param)
     return list(groups.values())
+
+
+def apply_lr(param_groups: list[dict], lr: float, step: int | None = None) -> None:
+    """Set each group's lr to `lr * group['lr_scale']`, or to 0 while the group is still frozen at
+    `step` (before its `frozen_until`); call before each optimizer step."""
+    for group in param_groups:
+        frozen = step is not None and step < group.get("frozen_until", 0)
+        group["lr"] = 0.0 if frozen else lr * group["lr_scale"]

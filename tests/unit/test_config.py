@@ -86,7 +86,6 @@ def test_task_settings_reach_the_task_and_unknown_ones_are_named() -> None:
         load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_settings.pose.sigmaa": 3.0})
 
 
-
 def test_task_optim_overrides_one_tasks_optimizer_and_bad_overrides_are_named() -> None:
     config = load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_optim": {"seg": {"lr": 0.002}}})
     assert config.finetune.optim_for("seg").lr == 0.002
@@ -97,6 +96,7 @@ def test_task_optim_overrides_one_tasks_optimizer_and_bad_overrides_are_named() 
                        ({"seg": {"warmup_steps": 10_000}}, "warmup_steps")]:
         with pytest.raises(ValueError, match=rf"params\.yaml.*finetune(.|\n)*{named}"):
             load_config(PROJECT_ROOT / "params.yaml", {"finetune.task_optim": bad})
+
 
 def test_augmentation_recipe_is_validated_and_off_by_default() -> None:
     assert load_config(PROJECT_ROOT / "params.yaml").finetune.augmentation() is None

@@ -11,7 +11,6 @@ import torch
 from sapiens2.model import build_backbone
 from sapiens2.pretrain.centering import Centering, TeacherCenter, sinkhorn_knopp
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.dino import PROTOTYPES
 from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
 from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher, teacher_output
@@ -26,9 +25,10 @@ from sapiens2.pretrain.schedules import (
     ema_momentum_start,
     freeze_last_layer_steps,
     objective_schedules,
+    pretrain_param_groups,
 )
+from sapiens2.train.config import OptimSection
 from sapiens2.train.engine import set_lr
-from sapiens2.train.lr_decay import layerwise_param_groups
 
 GLOBAL = (64, 48)
 SMALL = dict(dino_out_dim=64, ibot_out_dim=32, dino_hidden_dim=32, dino_bottleneck_dim=16,
@@ -298,12 +298,9 @@ def test_freeze_last_layer_steps():
 
 def test_prototypes_are_frozen_and_never_decayed():
     student = make_student()
-    groups = layerwise_param_groups(
-        student, base_lr=1e-3, weight_decay=0.05, layer_decay=0.8,
-        num_layers=student.backbone.depth, layer_id_fn=student.backbone.layer_id,
-        frozen_steps=lambda name: 5 if name.endswith(PROTOTYPES) else 0,
-        no_weight_decay=lambda name: name.endswith(PROTOTYPES),
-    )
+    # What pretraining (pipelines and calibration scripts) builds: 5 of 100 steps frozen.
+    groups = pretrain_param_groups(student, OptimSection(lr=1e-3, weight_decay=0.05, layer_decay=0.8),
+                                   ObjectiveConfig(freeze_last_layer_fraction=0.05), total_steps=100)
     names = {id(p): n for n, p in student.named_parameters()}
     prototypes = {n for n in names.values() if n.endswith("prototypes")}
     assert prototypes == {"dino_head.prototypes", "ibot_head.prototypes"}
