@@ -121,8 +121,8 @@ def main() -> None:
     if len(args.seg_steps) not in (1, len(args.label_fractions)):
         parser.error(f"--seg-steps takes one value or one per label fraction ({len(args.label_fractions)}), "
                      f"got {len(args.seg_steps)}")
-    seg_steps = dict(zip(args.label_fractions, args.seg_steps * len(args.label_fractions)
-                         if len(args.seg_steps) == 1 else args.seg_steps))
+    per_fraction = args.seg_steps * len(args.label_fractions) if len(args.seg_steps) == 1 else args.seg_steps
+    seg_steps = dict(zip(args.label_fractions, per_fraction))
     work = args.work.resolve()
     if work.exists() and any(work.iterdir()):
         # Its steps would resume from the old checkpoints: a stale, faster and mixed measurement.
