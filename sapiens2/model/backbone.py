@@ -86,7 +86,7 @@ class Sapiens2Backbone(nn.Module):
             ):
                 module.reset_parameters()
 
-    def forward_tokens(self, images: Tensor, keep_idx: Tensor | None = None) -> Tensor:
+    def forward_tokens(self, images: Tensor, keep_idx: Tensor | None = None, positions: bool = True) -> Tensor:
         """Encodes ``images`` (B, C, H, W) into normed tokens (B, prefix + N, D).
 
         ``keep_idx`` (B, N_keep) int64 selects the visible patches (row-major indices on the
@@ -94,6 +94,10 @@ class Sapiens2Backbone(nn.Module):
         position, so masked patches cost nothing and cannot leak into the output. The prefix
         tokens (CLS, then storage tokens) are always kept. For the 4K variant the indices are
         on the pooled (window) grid.
+
+        ``positions=False`` gives every token the identity rotation: RoPE is the backbone's only
+        source of position, so the blocks then see a set of patches with no layout (the
+        position-prediction pretext, ``sapiens2.pretrain.position``).
         """
         batch = images.shape[0]
         if keep_idx is not None and (
@@ -108,6 +112,8 @@ class Sapiens2Backbone(nn.Module):
         if keep_idx is not None:
             # (B, 1, N_keep, d): one table per sample, broadcast over heads.
             sin, cos = sin[keep_idx].unsqueeze(1), cos[keep_idx].unsqueeze(1)
+        if not positions:
+            sin, cos = torch.zeros_like(sin), torch.ones_like(cos)
         prefix = torch.cat(
             (self.cls_token.expand(batch, -1, -1), self.storage_tokens.expand(batch, -1, -1)), dim=1
         )

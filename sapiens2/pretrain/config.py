@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ObjectiveConfig(BaseModel):
-    """Hyper-parameters of L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo.
+    """Hyper-parameters of L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo
+    (+ position_weight * L_position, an option the paper does not have).
 
     Defaults follow the paper (mask ratio 0.75, blockwise probability 0.4) and DINOv2/DINOv3 for
     the distillation branch (student temperature 0.1, teacher warmed up from 0.04 to 0.07,
@@ -30,6 +31,10 @@ class ObjectiveConfig(BaseModel):
     ibot_weight: float = Field(1.0, ge=0.0, description="weight of the masked-patch (dense) distillation loss")
     koleo_weight: float = Field(0.1, ge=0.0, description="weight of the KoLeo spread regulariser on the student CLS")
     n_local: int = Field(2, ge=0, description="local crops per image")
+    position_weight: float = Field(
+        0.0, ge=0.0, description="weight of the masked position-prediction loss (0 = off; sapiens2.pretrain.position)"
+    )
+    position_keep_ratio: float = Field(0.5, gt=0.0, le=1.0, description="share of patches the position branch sees")
 
     dino_out_dim: int = Field(65536, ge=2, description="number of CLS prototypes")
     ibot_out_dim: int | None = Field(None, ge=2, description="number of patch prototypes (default: dino_out_dim)")

@@ -1,7 +1,8 @@
 """Sapiens2 pretraining meta-architecture: masked pixel reconstruction plus dense and sparse
 self-distillation, one function per phase (DINOv3 layout).
 
-L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo.
+L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo
+    (+ position_weight * L_position, the optional position-prediction branch, ``position.py``).
 
 - ``teacher_output``: the EMA teacher sees the full global crops; its CLS logits and its patch
   logits at the student's masked positions become targets (Sinkhorn-Knopp or EMA centring).
@@ -28,10 +29,11 @@ from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.dino import DINOHead, dino_cross_entropy
 from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.mae import MAEDecoder, mae_loss
+from sapiens2.pretrain.position import position_logits, position_loss
 
 # Largest number of ZeRO-3 partitioned elements gathered at once during the EMA update.
 _EMA_GATHER_NUMEL = 1 << 26
-LOSS_KEYS = ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo")
+LOSS_KEYS = ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo", "loss_position")
 MONITOR_KEYS = ("teacher_entropy", "teacher_marginal_entropy", "agreement", "cls_std")
 
 
@@ -40,12 +42,14 @@ def _head(in_dim: int, out_dim: int, cfg: ObjectiveConfig) -> DINOHead:
 
 
 class PretrainStudent(nn.Module):
-    """The trained model: backbone + MAE decoder + CLS head (+ patch predictor and patch head).
+    """The trained model: backbone + MAE decoder + CLS head (+ patch predictor and patch head,
+    + position head).
 
-    ``forward(global_crops, local_crops, keep_idx, mask_idx, teacher)`` takes lists with one entry
-    per global crop for ``global_crops`` (B, 3, H, W), ``keep_idx`` (B, N_keep) and ``mask_idx``
-    (B, N_mask), a (possibly empty) list of local crops, and the ``teacher_output`` dict; it
-    returns the ``LOSS_KEYS`` and ``MONITOR_KEYS`` (monitors detached).
+    ``forward(global_crops, local_crops, keep_idx, mask_idx, teacher, position_idx)`` takes lists
+    with one entry per global crop for ``global_crops`` (B, 3, H, W), ``keep_idx`` (B, N_keep),
+    ``mask_idx`` (B, N_mask) and, with the position branch on, ``position_idx`` (B, N_position),
+    a (possibly empty) list of local crops, and the ``teacher_output`` dict; it returns the
+    ``LOSS_KEYS`` and ``MONITOR_KEYS`` (monitors detached).
     """
 
     def __init__(self, backbone: nn.Module, cfg: ObjectiveConfig) -> None:
@@ -62,13 +66,18 @@ class PretrainStudent(nn.Module):
             # the patch head reads its own (unmasked) tokens.
             self.patch_predictor = nn.Linear(cfg.decoder_dim, dim)
             self.ibot_head = _head(dim, cfg.patch_prototypes, cfg)
+        if cfg.position_weight > 0:
+            grid_height, grid_width = backbone.config.grid_size
+            self.position_head = nn.Linear(dim, grid_height * grid_width)
         self.cfg = cfg
 
     def student_output(
         self, global_crops: Sequence[torch.Tensor], local_crops: Sequence[torch.Tensor],
         keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor],
+        position_idx: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
-        """Pixel predictions and patch logits at the masked positions, CLS logits of every crop."""
+        """Pixel predictions and patch logits at the masked positions, CLS logits of every crop
+        (and the position head's logits for the patches ``position_idx`` names)."""
         images = torch.cat(list(global_crops))
         keep, masked = torch.cat(list(keep_idx)), torch.cat(list(mask_idx))
         tokens = self.backbone.forward_tokens(images, keep)
@@ -81,6 +90,11 @@ class PretrainStudent(nn.Module):
         }
         if self.cfg.ibot_weight > 0:
             out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
+        if self.cfg.position_weight > 0:
+            if position_idx is None:
+                raise ValueError("position_weight > 0 needs position_idx, one entry per global crop")
+            out["position_idx"] = torch.cat(list(position_idx))
+            out["position_logits"] = position_logits(self.backbone, self.position_head, images, out["position_idx"])
         cls = [tokens[:, 0]]
         if local_crops:
             cls.append(self.backbone.forward_tokens(torch.cat(list(local_crops)))[:, 0])
@@ -118,8 +132,11 @@ class PretrainStudent(nn.Module):
             )
         cls_per_crop = student["global_cls"].chunk(len(probs))
         loss_koleo = torch.stack([koleo_loss(c) for c in cls_per_crop]).mean() if cfg.koleo_weight > 0 else zero
+        loss_position = zero
+        if cfg.position_weight > 0:
+            loss_position = position_loss(student["position_logits"], student["position_idx"])
         loss = (loss_mae + cfg.cl_weight * loss_cl + cfg.ibot_weight * loss_ibot
-                + cfg.koleo_weight * loss_koleo)
+                + cfg.koleo_weight * loss_koleo + cfg.position_weight * loss_position)
         with torch.no_grad():
             teacher_probs = torch.cat(list(probs))
             # Each global crop is judged against the teacher's view of the other crop.
@@ -131,11 +148,12 @@ class PretrainStudent(nn.Module):
                 "cls_std": monitors.feature_std(student["global_cls"].detach()),
             }
         return {"loss": loss, "loss_mae": loss_mae, "loss_cl": loss_cl, "loss_ibot": loss_ibot,
-                "loss_koleo": loss_koleo, **watched}
+                "loss_koleo": loss_koleo, "loss_position": loss_position, **watched}
 
     def forward(
         self, global_crops: Sequence[torch.Tensor], local_crops: Sequence[torch.Tensor],
         keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor], teacher: dict,
+        position_idx: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         if not len(global_crops) == len(keep_idx) == len(mask_idx) == len(teacher["cls_probs"]) >= 2:
             raise ValueError(
@@ -143,7 +161,7 @@ class PretrainStudent(nn.Module):
                 f"crop (>= 2), got {len(global_crops)}, {len(keep_idx)}, {len(mask_idx)}, "
                 f"{len(teacher['cls_probs'])}"
             )
-        student = self.student_output(global_crops, local_crops, keep_idx, mask_idx)
+        student = self.student_output(global_crops, local_crops, keep_idx, mask_idx, position_idx)
         return self.losses(student, teacher)
 
 

@@ -22,6 +22,7 @@ from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
 from sapiens2.pretrain.meta_arch import TeacherModel, ema_update, teacher_output
+from sapiens2.pretrain.position import draw_position_idx
 from sapiens2.pretrain.schedules import objective_schedules
 from sapiens2.train.engine import autocast_inputs
 
@@ -49,6 +50,7 @@ class PretrainRecipe:
                                         n_local=obj.n_local)
         patch = engine.module.backbone.patch_size
         self.masker = MaskGenerator((height // patch, width // patch), obj.mask_ratio, obj.block_prob)
+        self.num_tokens = (height // patch) * (width // patch)
 
     def loss(self, step: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         idx = torch.randint(len(self.images), (self.batch,), generator=generator)
@@ -61,8 +63,14 @@ class PretrainRecipe:
         global_crops = [c.to(device) for c in crops["global_crops"]]
         targets = teacher_output(self.teacher, global_crops, masked, self.centering,
                                  float(self.schedules["teacher_temp"][step]))
+        # Drawn only when the branch is on, so runs without it keep their random stream.
+        cells = None
+        if self.obj.position_weight > 0:
+            cells = [draw_position_idx(self.batch, self.num_tokens, self.obj.position_keep_ratio, generator).to(device)
+                     for _ in global_crops]
         return self.engine([autocast_inputs(self.engine, c) for c in global_crops],
-                           [autocast_inputs(self.engine, c) for c in crops["local_crops"]], keep, masked, targets)
+                           [autocast_inputs(self.engine, c) for c in crops["local_crops"]], keep, masked, targets,
+                           cells)
 
     def after_step(self, step: int) -> dict[str, float]:
         momentum = float(self.schedules["ema_momentum"][step])
