@@ -96,7 +96,7 @@ class Sapiens2Backbone(nn.Module):
         on the pooled (window) grid.
 
         ``positions=False`` gives every token the identity rotation: RoPE is the backbone's only
-        source of position, so the blocks then see a set of patches with no layout (the
+        source of global position, so the blocks then see a set of patches with no layout (the
         position-prediction pretext, ``sapiens2.pretrain.position``).
         """
         batch = images.shape[0]

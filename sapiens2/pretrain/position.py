@@ -9,8 +9,8 @@ person faces. That is the part knowledge the part-correspondence probe and the p
 and which the reconstruction and self-distillation terms did not build at the small recipes'
 scale (the measurements are in ``benchmarks/results/recipe_screens.json``, ``position_prediction``).
 
-L_position = cross-entropy over the grid cells, with label smoothing (neighbouring cells look
-alike, so a hard one-hot target would reward memorising the crop's pixel alignment).
+L_position = cross-entropy over the grid cells, with label smoothing as in MP3 (a patch of plain
+backdrop has no single right cell, so the target should not demand certainty about it).
 """
 
 from __future__ import annotations
