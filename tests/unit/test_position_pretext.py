@@ -14,16 +14,9 @@ from sapiens2.pretrain.meta_arch import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx, position_logits, position_loss
 from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
 from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student
+from tests.unit.test_pretrain_objective import single_thread  # noqa: F401 (autouse: debug tensors, one thread)
 
 GRID_CELLS = (GLOBAL[0] // 16) * (GLOBAL[1] // 16)
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _backbone() -> torch.nn.Module:
