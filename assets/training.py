@@ -95,11 +95,12 @@ def pretrained_backbone(context: dg.AssetExecutionContext, platform: PlatformRes
     md5 = dvc.commit(ws, "pretrain", ws.pretrain_dir)
     stored = publish_checkpoint(context, platform, [ws.pretrain_dir / "backbone.safetensors", ws.pretrain_dir / "backbone.json"],
                                 "pretrain", _value(reported.get("mlflow_run_id")))
+    recon = ws.pretrain_dir / "mae_reconstruction.png"  # absent when the MAE term is off
     return dg.MaterializeResult(
         metadata={
             **reported, "dvc_md5": md5, **stored,
             "loss_curves": metadata.image(ws.pretrain_dir / "loss_curves.png", "losses"),
-            "mae_reconstruction": metadata.image(ws.pretrain_dir / "mae_reconstruction.png", "MAE"),
+            **({"mae_reconstruction": metadata.image(recon, "MAE")} if recon.exists() else {}),
         },
         data_version=dg.DataVersion(md5),
     )

@@ -71,7 +71,7 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
         return {key: round(value, 4) for key, value in run_probes(backbone, train, val).items()}
 
     floors = probe(random_backbone)
-    curve, history, start = [], {key: [] for key in LOSS_KEYS + MONITOR_KEYS}, time.perf_counter()
+    curve, history, start = [], {}, time.perf_counter()
     for step in range(steps):
         student.train()
         out = recipe.loss(step, generator)
@@ -81,8 +81,8 @@ def calibrate(config, curated: Path, steps: int, batch_size: int, probe_every: i
         set_lr(engine, float(lrs[step]), step)  # the Trainer's rule: prototypes frozen at first
         optimizer.step()
         recipe.after_step(step)
-        for key in history:
-            history[key].append(float(out[key].detach()))
+        for key in (k for k in LOSS_KEYS + MONITOR_KEYS if k in out):  # no teacher monitors without a teacher
+            history.setdefault(key, []).append(float(out[key].detach()))
         if (probe_every and (step + 1) % probe_every == 0) or step + 1 == steps:
             point = {"step": step + 1, "seconds": round(time.perf_counter() - start, 1)}
             for name, backbone in (("student", student.backbone), ("teacher", recipe.teacher.backbone)):

@@ -14,7 +14,7 @@ Output folder: `config.yaml` (resolved), `checkpoints/` (DeepSpeed, for resume),
 `backbone.safetensors` (the backbone handed to fine-tuning: the student or the EMA teacher,
 whichever the probes rate higher on the train split), `backbone.json` (summary, collapse verdict,
 probes of the exported, the other and a random backbone), `history.json` (every step's losses
-and collapse monitors), `loss_curves.png`, `mae_reconstruction.png`.
+and collapse monitors), `loss_curves.png`, `mae_reconstruction.png` (with the MAE term on).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
         log.resumed()
         # Collapse monitors go to MLflow every step; the console gets every log_every-th.
         trainer.hooks += [lambda step, metrics: tracker.log_metrics(metrics, step + 1),
-                          log.every(cfg.log_every, ("loss", "loss_mae", "loss_cl", "loss_ibot", "teacher_entropy"))]
+                          log.every(cfg.log_every, ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_position",
+                                                     "teacher_entropy"))]
         history = trainer.fit(cfg.steps)
         seconds = trainer.seconds
         weights = export_full_state_dict(engine)  # collective under ZeRO-3
@@ -90,7 +91,9 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
                                               build_student(config).backbone, curated_dir, config.image_size)
             save_checkpoint({"teacher": teacher.backbone, "student": trained.backbone}[chosen], output_dir / "backbone.safetensors")
             final = {key: values[-1] for key, values in history.items()}
-            verdict = collapse_verdict(final["teacher_entropy"], final["cls_std"], obj.dino_out_dim)
+            # Without a distillation term there is no teacher to watch: the probes judge the run.
+            verdict = collapse_verdict(final["teacher_entropy"], final["cls_std"], obj.dino_out_dim) \
+                if obj.uses_teacher else None
             summary = {
                 "arch": cfg.arch,
                 "image_size": list(config.image_size),
@@ -98,7 +101,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
                 "world_size": world_size,
                 "zero_stage": ds.zero_stage,
                 **{f"final_{key}": value for key, value in final.items()},
-                "collapsed": verdict or "no",
+                "collapsed": verdict or ("no" if obj.uses_teacher else "not monitored: no distillation term"),
                 "exported": chosen,
                 "probes": probes,
             }
@@ -111,8 +114,11 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
             (output_dir / "backbone.json").write_text(json.dumps(summary, indent=2))
             (output_dir / "history.json").write_text(json.dumps(history))
             curves = loss_curves_png(history, output_dir / "loss_curves.png", title="pretraining")
-            recon = mae_reconstruction_png(trained, images[:6], recipe.masker, output_dir / "mae_reconstruction.png")
-            tracker.log_artifacts([curves, recon, output_dir / "backbone.json", output_dir / "config.yaml"])
+            pictures, recon = [curves], output_dir / "mae_reconstruction.png"
+            recon.unlink(missing_ok=True)  # an earlier run's, or an untrained decoder's, says nothing
+            if obj.mae_weight > 0:
+                pictures.append(mae_reconstruction_png(trained, images[:6], recipe.masker, recon))
+            tracker.log_artifacts([*pictures, output_dir / "backbone.json", output_dir / "config.yaml"])
             probe_metrics = {f"probe.{name}.{key}": value for name, result in probes.items() for key, value in result.items()}
             tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics, **speed},
                                 cfg.steps)

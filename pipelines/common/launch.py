@@ -193,10 +193,11 @@ class StepLogger:
         self.pipes.log.info(line)
 
     def every(self, n: int, keys: tuple[str, ...] | None = None) -> Callable[[int, dict[str, float]], None]:
-        """A `Trainer` hook printing `keys` of the metrics (all if None) every `n`-th and the last step."""
+        """A `Trainer` hook printing `keys` of the metrics (all if None; those the step has) every
+        `n`-th and the last step."""
         def hook(step: int, metrics: dict[str, float]) -> None:
             if (step + 1) % n == 0 or step + 1 == self.total:
-                self(step, metrics if keys is None else {k: metrics[k] for k in keys})
+                self(step, metrics if keys is None else {k: metrics[k] for k in keys if k in metrics})
         return hook
 
 

@@ -8,8 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ObjectiveConfig(BaseModel):
-    """Hyper-parameters of L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo
-    (+ position_weight * L_position, an option the paper does not have).
+    """Hyper-parameters of L = mae_weight * L_MAE + cl_weight * L_CLS + ibot_weight * L_patch
+    + koleo_weight * L_KoLeo (+ position_weight * L_position, an option the paper does not have).
+
+    A term with weight 0 costs nothing: the EMA teacher runs only for a distillation term
+    (``uses_teacher``), the masked view and its decoder only for a term that reads them, so a
+    position-only run trains at the speed of that branch alone.
 
     Defaults follow the paper (mask ratio 0.75, blockwise probability 0.4) and DINOv2/DINOv3 for
     the distillation branch (student temperature 0.1, teacher warmed up from 0.04 to 0.07,
@@ -27,6 +31,7 @@ class ObjectiveConfig(BaseModel):
 
     mask_ratio: float = Field(0.75, gt=0.0, lt=1.0)
     block_prob: float = Field(0.4, ge=0.0, le=1.0)
+    mae_weight: float = Field(1.0, ge=0.0, description="weight of the masked pixel reconstruction loss")
     cl_weight: float = Field(1.0, ge=0.0, description="lambda, weight of the CLS (sparse) distillation loss")
     ibot_weight: float = Field(1.0, ge=0.0, description="weight of the masked-patch (dense) distillation loss")
     koleo_weight: float = Field(0.1, ge=0.0, description="weight of the KoLeo spread regulariser on the student CLS")
@@ -60,8 +65,21 @@ class ObjectiveConfig(BaseModel):
     def patch_prototypes(self) -> int:
         return self.ibot_out_dim or self.dino_out_dim
 
+    @property
+    def uses_teacher(self) -> bool:
+        """A self-distillation term is on, so each step needs the EMA teacher's targets."""
+        return self.cl_weight > 0 or self.ibot_weight > 0
+
+    @property
+    def uses_masked_view(self) -> bool:
+        """A term reads the student's masked view of the global crops (its decoder or its CLS)."""
+        return self.mae_weight > 0 or self.uses_teacher or self.koleo_weight > 0
+
     @model_validator(mode="after")
     def _check_consistency(self) -> ObjectiveConfig:
+        if not (self.uses_masked_view or self.position_weight > 0):
+            raise ValueError("mae_weight, cl_weight, ibot_weight, koleo_weight and position_weight are all 0: "
+                             "the objective has nothing to train")
         if self.decoder_dim % self.decoder_heads:
             raise ValueError(
                 f"decoder_dim ({self.decoder_dim}) must be divisible by decoder_heads "

@@ -1,8 +1,9 @@
 """Sapiens2 pretraining meta-architecture: masked pixel reconstruction plus dense and sparse
 self-distillation, one function per phase (DINOv3 layout).
 
-L = L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo
-    (+ position_weight * L_position, the optional position-prediction branch, ``position.py``).
+L = mae_weight * L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weight * L_KoLeo
+    (+ position_weight * L_position, the optional position-prediction branch, ``position.py``);
+a term with weight 0 is not computed, and the teacher runs only for a distillation term.
 
 - ``teacher_output``: the EMA teacher sees the full global crops; its CLS logits and its patch
   logits at the student's masked positions become targets (Sinkhorn-Knopp or EMA centring).
@@ -77,67 +78,74 @@ class PretrainStudent(nn.Module):
         position_idx: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
         """Pixel predictions and patch logits at the masked positions, CLS logits of every crop
-        (and the position head's logits for the patches ``position_idx`` names)."""
+        (and the position head's logits for the patches ``position_idx`` names); each only when
+        a term with a weight above 0 reads it."""
+        cfg = self.cfg
         images = torch.cat(list(global_crops))
-        keep, masked = torch.cat(list(keep_idx)), torch.cat(list(mask_idx))
-        tokens = self.backbone.forward_tokens(images, keep)
-        patch = self.backbone.patch_size
-        grid = (images.shape[-2] // patch, images.shape[-1] // patch)
-        states = self.mae_decoder.forward_features(tokens, keep, masked, grid)
-        out: dict[str, torch.Tensor | list[torch.Tensor]] = {
-            "images": images, "mask_idx": masked, "pixel_pred": self.mae_decoder.pred(states),
-            "global_cls": tokens[:, 0],
-        }
-        if self.cfg.ibot_weight > 0:
-            out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
-        if self.cfg.position_weight > 0:
+        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"images": images, "mask_idx": torch.cat(list(mask_idx))}
+        if cfg.position_weight > 0:
             if position_idx is None:
                 raise ValueError("position_weight > 0 needs position_idx, one entry per global crop")
             out["position_idx"] = torch.cat(list(position_idx))
             out["position_logits"] = position_logits(self.backbone, self.position_head, images, out["position_idx"])
-        cls = [tokens[:, 0]]
-        if local_crops:
-            cls.append(self.backbone.forward_tokens(torch.cat(list(local_crops)))[:, 0])
-        # One head call for all crops keeps a single parameter gather under ZeRO-3.
-        views = self.dino_head(torch.cat(cls)).chunk(len(global_crops) + len(local_crops))
-        out["global_logits"] = list(views[: len(global_crops)])
-        out["local_logits"] = list(views[len(global_crops):])
+        if not cfg.uses_masked_view:
+            return out
+        keep, masked = torch.cat(list(keep_idx)), out["mask_idx"]
+        tokens = self.backbone.forward_tokens(images, keep)
+        out["global_cls"] = list(tokens[:, 0].chunk(len(global_crops)))
+        if cfg.mae_weight > 0 or cfg.ibot_weight > 0:
+            patch = self.backbone.patch_size
+            grid = (images.shape[-2] // patch, images.shape[-1] // patch)
+            states = self.mae_decoder.forward_features(tokens, keep, masked, grid)
+            if cfg.mae_weight > 0:
+                out["pixel_pred"] = self.mae_decoder.pred(states)
+            if cfg.ibot_weight > 0:
+                out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
+        if cfg.uses_teacher:  # the CLS term, and the agreement monitor beside any distillation
+            local = list(local_crops) if cfg.cl_weight > 0 else []  # read by the CLS term only
+            cls = [tokens[:, 0]] + ([self.backbone.forward_tokens(torch.cat(local))[:, 0]] if local else [])
+            # One head call for all crops keeps a single parameter gather under ZeRO-3.
+            views = self.dino_head(torch.cat(cls)).chunk(len(global_crops) + len(local))
+            out["global_logits"] = list(views[: len(global_crops)])
+            out["local_logits"] = list(views[len(global_crops):])
         return out
 
-    def losses(self, student: dict, teacher: dict) -> dict[str, torch.Tensor]:
+    def losses(self, student: dict, teacher: dict | None) -> dict[str, torch.Tensor]:
         """MAE on masked patches; CLS cross-entropy of each global crop against the teacher's
         other global crop and of each local crop against both; patch cross-entropy at the
-        masked positions of the same crop; KoLeo on each global crop's student CLS."""
-        cfg, probs = self.cfg, teacher["cls_probs"]
-        loss_mae = mae_loss(
-            student["pixel_pred"], student["images"], student["mask_idx"], self.backbone.patch_size
-        )
-        terms = [
-            dino_cross_entropy(logits, p, cfg.student_temp)
-            for i, logits in enumerate(student["global_logits"])
-            for j, p in enumerate(probs)
-            if i != j
-        ]
-        terms += [
-            dino_cross_entropy(logits, p, cfg.student_temp)
-            for logits in student["local_logits"] for p in probs
-        ]
-        loss_cl = torch.stack(terms).mean()
-        zero = loss_mae.new_zeros(())
-        loss_ibot = zero
+        masked positions of the same crop; KoLeo on each global crop's student CLS. A term with
+        weight 0 is reported as 0; the teacher's monitors come only with a teacher."""
+        cfg = self.cfg
+        zero = student["images"].new_zeros(())
+        loss_mae = loss_cl = loss_ibot = loss_koleo = loss_position = zero
+        if cfg.mae_weight > 0:
+            loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mask_idx"], self.backbone.patch_size)
+        if cfg.cl_weight > 0:
+            probs = teacher["cls_probs"]
+            terms = [dino_cross_entropy(logits, p, cfg.student_temp)
+                     for i, logits in enumerate(student["global_logits"]) for j, p in enumerate(probs) if i != j]
+            terms += [dino_cross_entropy(logits, p, cfg.student_temp)
+                      for logits in student["local_logits"] for p in probs]
+            loss_cl = torch.stack(terms).mean()
         if cfg.ibot_weight > 0:
             logits = student["patch_logits"]
             loss_ibot = dino_cross_entropy(
                 logits.flatten(0, 1), teacher["patch_probs"].flatten(0, 1), cfg.student_temp
             )
-        cls_per_crop = student["global_cls"].chunk(len(probs))
-        loss_koleo = torch.stack([koleo_loss(c) for c in cls_per_crop]).mean() if cfg.koleo_weight > 0 else zero
-        loss_position = zero
+        if cfg.koleo_weight > 0:
+            loss_koleo = torch.stack([koleo_loss(c) for c in student["global_cls"]]).mean()
         if cfg.position_weight > 0:
             loss_position = position_loss(student["position_logits"], student["position_idx"])
-        loss = (loss_mae + cfg.cl_weight * loss_cl + cfg.ibot_weight * loss_ibot
+        loss = (cfg.mae_weight * loss_mae + cfg.cl_weight * loss_cl + cfg.ibot_weight * loss_ibot
                 + cfg.koleo_weight * loss_koleo + cfg.position_weight * loss_position)
-        with torch.no_grad():
+        return {"loss": loss, "loss_mae": loss_mae, "loss_cl": loss_cl, "loss_ibot": loss_ibot,
+                "loss_koleo": loss_koleo, "loss_position": loss_position, **self._monitors(student, teacher)}
+
+    @torch.no_grad()
+    def _monitors(self, student: dict, teacher: dict | None) -> dict[str, torch.Tensor]:
+        watched = {}
+        if teacher is not None:
+            probs = teacher["cls_probs"]
             teacher_probs = torch.cat(list(probs))
             # Each global crop is judged against the teacher's view of the other crop.
             crossed = torch.cat(list(probs)[::-1])
@@ -145,22 +153,25 @@ class PretrainStudent(nn.Module):
                 "teacher_entropy": monitors.entropy(teacher_probs),
                 "teacher_marginal_entropy": monitors.marginal_entropy(teacher_probs),
                 "agreement": monitors.agreement(torch.cat(student["global_logits"]).detach(), crossed),
-                "cls_std": monitors.feature_std(student["global_cls"].detach()),
             }
-        return {"loss": loss, "loss_mae": loss_mae, "loss_cl": loss_cl, "loss_ibot": loss_ibot,
-                "loss_koleo": loss_koleo, "loss_position": loss_position, **watched}
+        if "global_cls" in student:
+            watched["cls_std"] = monitors.feature_std(torch.cat(student["global_cls"]))
+        return watched
 
     def forward(
         self, global_crops: Sequence[torch.Tensor], local_crops: Sequence[torch.Tensor],
-        keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor], teacher: dict,
+        keep_idx: Sequence[torch.Tensor], mask_idx: Sequence[torch.Tensor], teacher: dict | None,
         position_idx: Sequence[torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        if not len(global_crops) == len(keep_idx) == len(mask_idx) == len(teacher["cls_probs"]) >= 2:
+        """``teacher`` is ``teacher_output``'s dict, or None when no distillation term is on."""
+        targets = len(teacher["cls_probs"]) if teacher is not None else len(global_crops)
+        if not len(global_crops) == len(keep_idx) == len(mask_idx) == targets >= 2:
             raise ValueError(
                 "global_crops, keep_idx, mask_idx and teacher cls_probs need one entry per global "
-                f"crop (>= 2), got {len(global_crops)}, {len(keep_idx)}, {len(mask_idx)}, "
-                f"{len(teacher['cls_probs'])}"
+                f"crop (>= 2), got {len(global_crops)}, {len(keep_idx)}, {len(mask_idx)}, {targets}"
             )
+        if self.cfg.uses_teacher and teacher is None:
+            raise ValueError("cl_weight or ibot_weight > 0 needs the teacher's targets (teacher_output)")
         student = self.student_output(global_crops, local_crops, keep_idx, mask_idx, position_idx)
         return self.losses(student, teacher)
 

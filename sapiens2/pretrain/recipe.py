@@ -61,8 +61,10 @@ class PretrainRecipe:
         masked = [m.to(device) for _, m in masks]
         # The teacher (fp32) sees the full-precision crops; a bf16 engine gets its own cast.
         global_crops = [c.to(device) for c in crops["global_crops"]]
-        targets = teacher_output(self.teacher, global_crops, masked, self.centering,
-                                 float(self.schedules["teacher_temp"][step]))
+        targets = None  # the teacher runs only for a distillation term: it is a third of a step
+        if self.obj.uses_teacher:
+            targets = teacher_output(self.teacher, global_crops, masked, self.centering,
+                                     float(self.schedules["teacher_temp"][step]))
         # Drawn only when the branch is on, so runs without it keep their random stream.
         cells = None
         if self.obj.position_weight > 0:

@@ -1,0 +1,94 @@
+"""Objective terms with weight 0 cost nothing: no teacher without a distillation term, no masked
+view or decoder without a term that reads them; ``mae_weight`` scales the reconstruction term."""
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.pretrain.meta_arch import MONITOR_KEYS, build_teacher, teacher_output
+from sapiens2.pretrain.position import draw_position_idx
+from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
+from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student
+from tests.unit.test_pretrain_objective import single_thread  # noqa: F401 (autouse: debug tensors, one thread)
+
+POSITION_ONLY = dict(position_weight=1.0, mae_weight=0.0, cl_weight=0.0, ibot_weight=0.0, koleo_weight=0.0)
+GRID_CELLS = (GLOBAL[0] // 16) * (GLOBAL[1] // 16)
+
+
+def _cells(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [draw_position_idx(4, GRID_CELLS, 0.5, g) for _ in range(2)]
+
+
+def test_position_only_runs_neither_teacher_nor_masked_view():
+    student = make_student(**POSITION_ONLY)
+    assert not student.cfg.uses_teacher and not student.cfg.uses_masked_view
+    batch = make_batch()
+    out = student(batch["global_crops"], batch["local_crops"], batch["keep_idx"], batch["mask_idx"], None, _cells())
+    out["loss"].backward()
+    torch.testing.assert_close(out["loss"], out["loss_position"])
+    assert all(out[key].item() == 0.0 for key in ("loss_mae", "loss_cl", "loss_ibot", "loss_koleo"))
+    assert not set(MONITOR_KEYS) & set(out)  # nothing to watch without a teacher or a CLS view
+    # The decoder and the CLS head took no part; the backbone and the position head did.
+    for name in ("mae_decoder", "dino_head"):
+        assert all(p.grad is None for p in getattr(student, name).parameters()), name
+    assert student.position_head.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in student.backbone.blocks.parameters())
+
+
+def test_mae_weight_scales_the_reconstruction_term():
+    batch = make_batch()
+    args = (batch["global_crops"], batch["local_crops"], batch["keep_idx"], batch["mask_idx"])
+    student = make_student(mae_weight=0.25, cl_weight=0.0, ibot_weight=0.0, koleo_weight=0.0)
+    with torch.no_grad():
+        out = student(*args, None)
+    assert out["loss_mae"].item() > 0
+    torch.testing.assert_close(out["loss"], 0.25 * out["loss_mae"])
+    assert set(out) >= {"cls_std"} and "teacher_entropy" not in out  # the CLS view still runs
+
+
+def test_a_distillation_term_needs_the_teacher():
+    student = make_student()
+    batch = make_batch()
+    with pytest.raises(ValueError, match="teacher's targets"):
+        student(batch["global_crops"], batch["local_crops"], batch["keep_idx"], batch["mask_idx"], None)
+    teacher = build_teacher(student)
+    targets = teacher_output(teacher, batch["global_crops"], batch["mask_idx"], build_centering(student.cfg), 0.04)
+    with torch.no_grad():
+        out = student(batch["global_crops"], batch["local_crops"], batch["keep_idx"], batch["mask_idx"], targets)
+    assert set(MONITOR_KEYS) <= set(out)
+
+
+def test_recipe_asks_the_teacher_only_for_a_distillation_term():
+    calls = []
+
+    class Engine:
+        device = torch.device("cpu")
+
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, *args):
+            calls.append(args[4])  # the teacher's targets
+            return {}
+
+        def bfloat16_enabled(self):
+            return False
+
+    images = np.random.default_rng(0).integers(0, 256, (6, *GLOBAL, 3), dtype=np.uint8)
+    for objective in (POSITION_ONLY, {}):
+        student = make_student(**objective)
+        teacher = build_teacher(student)
+        teacher.register_forward_hook(lambda *_: calls.append("teacher ran"))
+        PretrainRecipe(Engine(student), teacher, student.cfg, images, GLOBAL, 2, 10).loss(0, torch.Generator())
+    assert calls[0] is None
+    assert calls[1] == "teacher ran" and set(calls[2]) == {"cls_probs", "patch_probs"}
+
+
+def test_an_objective_with_every_weight_zero_is_rejected():
+    with pytest.raises(ValidationError, match="all 0"):
+        ObjectiveConfig(**SMALL, **{**POSITION_ONLY, "position_weight": 0.0})
+    with pytest.raises(ValidationError, match="mae_weight"):
+        ObjectiveConfig(**SMALL, mae_weight=-1.0)
