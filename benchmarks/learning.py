@@ -118,8 +118,9 @@ def main() -> None:
                              "MAE + self-distillation")
     # Position prediction's transfer grows with steps (screen, pose at 10 % labels, 3 seeds: below
     # scratch after 1000, +0.016 after 3000, +0.054 after 6000); 2800 steps (about 9 min) is what
-    # the 45 minutes leave. The paper objective ran 1200 steps of 16 images (5.8 min).
-    parser.add_argument("--pretrain-steps", type=int, default=2800)
+    # the 45 minutes leave. The paper objective ran 1200 steps of 16 images (5.8 min; more of it
+    # cost pose, README).
+    parser.add_argument("--pretrain-steps", type=int, help="default: 2800 (position), 1200 (paper)")
     parser.add_argument("--finetune-steps", type=int, default=200, help="pointmap")
     # Above the demo's seg 600 / pose 450 / dense 70 and pretraining 150 steps on half the images.
     # Plain loop, scratch, this benchmark's split: normal 23.6 deg at step 200 of 400 and 21.3 at
@@ -134,6 +135,7 @@ def main() -> None:
     parser.add_argument("--albedo-steps", type=int, default=400)
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
     args = parser.parse_args()
+    args.pretrain_steps = args.pretrain_steps or {"position": 2800, "paper": 1200}[args.objective]
     if len(args.seg_steps) not in (1, len(args.label_fractions)):
         parser.error(f"--seg-steps takes one value or one per label fraction ({len(args.label_fractions)}), "
                      f"got {len(args.seg_steps)}")
