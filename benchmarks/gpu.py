@@ -35,7 +35,8 @@ from sapiens2.data.augment import Augment, person_crop
 from sapiens2.data.dataset import COMMON_FIELDS, TASK_FIELDS, CuratedDataset, resize_sample
 from sapiens2.data.synth import render_person
 from sapiens2.model import build_backbone
-from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher
+from sapiens2.pretrain.meta_arch import PretrainStudent
+from sapiens2.pretrain.teacher import build_teacher
 from sapiens2.pretrain.recipe import PretrainRecipe
 from sapiens2.pretrain.schedules import pretrain_param_groups
 from sapiens2.tasks import TASK_NAMES

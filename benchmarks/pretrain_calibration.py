@@ -29,7 +29,8 @@ from benchmarks.recipe_calibration import _config  # noqa: E402
 from pipelines.pretrain import build_student  # noqa: E402
 from sapiens2.data.images import load_split_images  # noqa: E402
 from sapiens2.model import save_checkpoint  # noqa: E402
-from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS, build_teacher  # noqa: E402
+from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS  # noqa: E402
+from sapiens2.pretrain.teacher import build_teacher  # noqa: E402
 from sapiens2.pretrain.probes import run_probes  # noqa: E402
 from sapiens2.pretrain.recipe import PretrainRecipe  # noqa: E402
 from sapiens2.pretrain.schedules import pretrain_param_groups  # noqa: E402

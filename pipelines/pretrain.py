@@ -32,7 +32,8 @@ from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
 from sapiens2.model import build_backbone, save_checkpoint
-from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher
+from sapiens2.pretrain.meta_arch import PretrainStudent
+from sapiens2.pretrain.teacher import build_teacher
 from sapiens2.pretrain.monitors import collapse_verdict
 from sapiens2.pretrain.recipe import PretrainRecipe
 from sapiens2.pretrain.schedules import pretrain_param_groups

@@ -11,13 +11,8 @@ from sapiens2.pretrain.centering import Centering, TeacherCenter, sinkhorn_knopp
 from sapiens2.pretrain.dino import DINOHead
 from sapiens2.pretrain.mae import MAEDecoder
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import (
-    PretrainStudent,
-    TeacherModel,
-    build_teacher,
-    ema_update,
-    teacher_output,
-)
+from sapiens2.pretrain.meta_arch import PretrainStudent
+from sapiens2.pretrain.teacher import TeacherModel, build_teacher, ema_update, teacher_output
 from sapiens2.pretrain.schedules import (
     ema_momentum_schedule,
     objective_schedules,

@@ -5,35 +5,30 @@ L = mae_weight * L_MAE + cl_weight * L_CLS + ibot_weight * L_patch + koleo_weigh
     (+ position_weight * L_position, the optional position-prediction branch, ``position.py``);
 a term with weight 0 is not computed, and the teacher runs only for a distillation term.
 
-- ``teacher_output``: the EMA teacher sees the full global crops; its CLS logits and its patch
-  logits at the student's masked positions become targets (Sinkhorn-Knopp or EMA centring).
+- ``teacher.py``: the EMA teacher (``teacher_output``: its targets from the full global crops;
+  ``ema_update``).
 - ``PretrainStudent.student_output``: the encoder sees the visible tokens only (MAE); the light
   decoder inserts mask tokens and its states at the masked positions feed both the pixel
   predictor and the patch predictor, whose head is matched to the teacher's patch assignment;
   local crops run whole for the CLS term.
 - ``PretrainStudent.losses``: the four terms plus collapse monitors.
-- ``ema_update``: teacher <- EMA of the student's backbone and heads.
 Multi-crop and masking are data code (``augment.py``, ``masking.py``).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from sapiens2.pretrain import monitors
-from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.dino import DINOHead, dino_cross_entropy
 from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.mae import MAEDecoder, mae_loss
 from sapiens2.pretrain.position import position_logits, position_loss
 
-# Largest number of ZeRO-3 partitioned elements gathered at once during the EMA update.
-_EMA_GATHER_NUMEL = 1 << 26
 LOSS_KEYS = ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo", "loss_position")
 MONITOR_KEYS = ("teacher_entropy", "teacher_marginal_entropy", "agreement", "cls_std")
 
@@ -116,7 +111,7 @@ class PretrainStudent(nn.Module):
         masked positions of the same crop; KoLeo on each global crop's student CLS. A term with
         weight 0 is reported as 0; the teacher's monitors come only with a teacher."""
         cfg = self.cfg
-        zero = student["images"].new_zeros(())
+        zero = student["images"].new_zeros((), dtype=torch.float32)
         loss_mae = loss_cl = loss_ibot = loss_koleo = loss_position = zero
         if cfg.mae_weight > 0:
             loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mask_idx"], self.backbone.patch_size)
@@ -143,6 +138,8 @@ class PretrainStudent(nn.Module):
 
     @torch.no_grad()
     def _monitors(self, student: dict, teacher: dict | None) -> dict[str, torch.Tensor]:
+        """The collapse monitors this step can compute: the teacher's with a teacher, the CLS
+        spread with a masked view."""
         watched = {}
         if teacher is not None:
             probs = teacher["cls_probs"]
@@ -174,108 +171,3 @@ class PretrainStudent(nn.Module):
             raise ValueError("cl_weight or ibot_weight > 0 needs the teacher's targets (teacher_output)")
         student = self.student_output(global_crops, local_crops, keep_idx, mask_idx, position_idx)
         return self.losses(student, teacher)
-
-
-class TeacherModel(nn.Module):
-    """EMA teacher: a frozen copy of the student's backbone and heads.
-
-    ``forward(images, mask_idx)`` -> (CLS logits (B, K), patch logits at ``mask_idx``
-    (B, N_mask, K_patch) or None without a patch head).
-    """
-
-    def __init__(self, backbone: nn.Module, dino_head: DINOHead, ibot_head: DINOHead | None) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.dino_head = dino_head
-        self.ibot_head = ibot_head
-
-    def forward(self, images: torch.Tensor, mask_idx: torch.Tensor | None = None):
-        tokens = self.backbone.forward_tokens(images)
-        cls_logits = self.dino_head(tokens[:, 0])
-        if self.ibot_head is None or mask_idx is None:
-            return cls_logits, None
-        patches = tokens[:, self.backbone.num_prefix_tokens:]
-        picked = patches.gather(1, mask_idx[..., None].expand(-1, -1, patches.shape[-1]))
-        return cls_logits, self.ibot_head(picked)
-
-
-def build_teacher(student: PretrainStudent) -> TeacherModel:
-    """Deep copy of the student's backbone and heads, frozen and in eval mode.
-
-    Call before DeepSpeed wraps the student (a ZeRO-3 partitioned parameter holds only its
-    shard), then move it to the engine's device once (``teacher.to(engine.device)``).
-    """
-    if any(hasattr(p, "ds_id") for p in student.parameters()):
-        raise RuntimeError("build_teacher needs the unpartitioned student; call it before ZeRO-3")
-    ibot = copy.deepcopy(student.ibot_head) if hasattr(student, "ibot_head") else None
-    teacher = TeacherModel(copy.deepcopy(student.backbone), copy.deepcopy(student.dino_head), ibot)
-    teacher.requires_grad_(False)
-    return teacher.eval()
-
-
-@torch.no_grad()
-def teacher_output(
-    teacher: TeacherModel,
-    global_crops: Sequence[torch.Tensor],
-    mask_idx: Sequence[torch.Tensor],
-    centering: Centering,
-    temp: float,
-) -> dict[str, list[torch.Tensor] | torch.Tensor | None]:
-    """Targets per global crop: ``cls_probs`` (list of (B, K)) and ``patch_probs``
-    (2B, N_mask, K_patch) at the student's masked positions (None without a patch head).
-
-    Crops move to the teacher's device and dtype: the teacher stays fp32 while a bf16 engine
-    feeds bf16 crops to the student.
-    """
-    param = next(teacher.parameters())
-    images = torch.cat(list(global_crops)).to(param.device, param.dtype)
-    masked = torch.cat(list(mask_idx)).to(param.device)
-    cls_logits, patch_logits = teacher(images, masked)
-    cls_probs = centering.targets(cls_logits.float(), temp, "cls")
-    patch_probs = None
-    if patch_logits is not None:
-        flat = centering.targets(patch_logits.float().flatten(0, 1), temp, "patch")
-        patch_probs = flat.reshape(patch_logits.shape)
-    return {"cls_probs": list(cls_probs.chunk(len(global_crops))), "patch_probs": patch_probs}
-
-
-@torch.no_grad()
-def ema_update(teacher: nn.Module, student: nn.Module, momentum: float) -> None:
-    """teacher <- momentum * teacher + (1 - momentum) * student, matching parameters by name.
-
-    ``student`` is the plain module (``engine.module`` under DeepSpeed). ZeRO-3 partitioned
-    student parameters (those with ``ds_id``) are gathered in bounded chunks to read them.
-    """
-    student_params = dict(student.named_parameters())
-    pairs = []
-    for name, t_param in teacher.named_parameters():
-        if name not in student_params:
-            raise KeyError(f"teacher parameter {name!r} has no student counterpart")
-        pairs.append((t_param, student_params[name]))
-    weight = 1.0 - momentum
-    plain = [(t, s) for t, s in pairs if not hasattr(s, "ds_id")]
-    if plain:
-        targets = [t for t, _ in plain]
-        torch._foreach_lerp_(targets, [s.detach().to(t.device, t.dtype) for t, s in plain], weight)
-    partitioned = [(t, s) for t, s in pairs if hasattr(s, "ds_id")]
-    if partitioned:
-        import deepspeed  # only needed, and only importable cheaply, when ZeRO-3 is in use
-
-        for chunk in _chunk_by_numel(partitioned, _EMA_GATHER_NUMEL):
-            with deepspeed.zero.GatheredParameters([s for _, s in chunk], modifier_rank=None):
-                for t, s in chunk:
-                    t.lerp_(s.detach().to(t.device, t.dtype), weight)
-
-
-def _chunk_by_numel(
-    pairs: list[tuple[torch.Tensor, torch.Tensor]], max_numel: int
-) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    chunks: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-    size = 0
-    for t, s in pairs:
-        if chunks[-1] and size + t.numel() > max_numel:
-            chunks.append([])
-            size = 0
-        chunks[-1].append((t, s))
-        size += t.numel()
-    return chunks

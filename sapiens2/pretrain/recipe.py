@@ -21,7 +21,7 @@ from sapiens2.pretrain.augment import MultiCropAugment
 from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import TeacherModel, ema_update, teacher_output
+from sapiens2.pretrain.teacher import TeacherModel, ema_update, teacher_output
 from sapiens2.pretrain.position import draw_position_idx
 from sapiens2.pretrain.schedules import objective_schedules
 from sapiens2.train.engine import autocast_inputs

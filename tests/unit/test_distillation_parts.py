@@ -13,7 +13,8 @@ from sapiens2.pretrain.centering import Centering, TeacherCenter, sinkhorn_knopp
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import PretrainStudent, build_teacher, teacher_output
+from sapiens2.pretrain.meta_arch import PretrainStudent
+from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.monitors import (
     agreement,
     collapse_verdict,

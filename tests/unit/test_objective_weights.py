@@ -7,7 +7,8 @@ import torch
 from pydantic import ValidationError
 
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.meta_arch import MONITOR_KEYS, build_teacher, teacher_output
+from sapiens2.pretrain.meta_arch import MONITOR_KEYS
+from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx
 from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
 from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from sapiens2.model import build_backbone
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.meta_arch import build_teacher, teacher_output
+from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx, position_logits, position_loss
 from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
 from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student

@@ -25,14 +25,7 @@ from sapiens2.pretrain.mae import (
     unpatchify,
 )
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
-from sapiens2.pretrain.meta_arch import (
-    LOSS_KEYS,
-    MONITOR_KEYS,
-    PretrainStudent,
-    build_teacher,
-    ema_update,
-    teacher_output,
-)
+from sapiens2.pretrain.meta_arch import LOSS_KEYS, MONITOR_KEYS, PretrainStudent
 from sapiens2.pretrain.monitors import entropy
 from sapiens2.pretrain.schedules import (
     ema_momentum_schedule,
@@ -40,6 +33,7 @@ from sapiens2.pretrain.schedules import (
     objective_schedules,
     teacher_temp_schedule,
 )
+from sapiens2.pretrain.teacher import build_teacher, ema_update, teacher_output
 
 GLOBAL, LOCAL = (64, 48), (32, 32)
 SMALL = dict(dino_out_dim=256, dino_hidden_dim=128, dino_bottleneck_dim=64, decoder_dim=64,
@@ -340,8 +334,8 @@ ZERO3_SCRIPT = textwrap.dedent(
     from sapiens2.model import build_backbone
     from sapiens2.pretrain.config import ObjectiveConfig
     from sapiens2.pretrain.centering import Centering
-    from sapiens2.pretrain.meta_arch import (
-        PretrainStudent, build_teacher, ema_update, teacher_output)
+    from sapiens2.pretrain.meta_arch import PretrainStudent
+    from sapiens2.pretrain.teacher import build_teacher, ema_update, teacher_output
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     cfg = ObjectiveConfig(dino_out_dim=64, dino_hidden_dim=32, dino_bottleneck_dim=16,
