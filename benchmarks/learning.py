@@ -8,8 +8,9 @@ Prints one JSON object: every metric of every model, the trivial baselines, the 
 pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. The last measured run (commit 9d620c5, seg 3000 steps at 100 %
-labels) took 39.5 minutes on an idle 2-core machine; the work folder must be new or empty.
+Dagster `training` pool runs them. The last measured run (commit 55c9d5b: position prediction,
+2800 pretraining steps, seg 2800 steps at 100 % labels) took 39.3 minutes on an idle 2-core
+machine; the work folder must be new or empty.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def _curves_png(work: Path, fractions: list[float], path: Path) -> Path:
     for ax, key in zip(axes[0], shown):
         ax.plot(pretrain[key], lw=1)
         ax.set_title(f"pretraining: {key}")
+    for ax in axes[0][len(shown):]:
+        ax.set_visible(False)
     for row, fraction in enumerate(fractions, start=1):
         for ax, task in zip(axes[row], TASKS):
             for init, style in (("pretrained", "-"), ("scratch", "--")):
