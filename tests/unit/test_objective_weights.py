@@ -11,6 +11,7 @@ from sapiens2.pretrain.meta_arch import MONITOR_KEYS
 from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx
 from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
+from tests.unit.test_position_pretext import RecordingEngine
 from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student
 from tests.unit.test_pretrain_objective import single_thread  # noqa: F401 (autouse: debug tensors, one thread)
 
@@ -64,26 +65,14 @@ def test_a_distillation_term_needs_the_teacher():
 
 def test_recipe_asks_the_teacher_only_for_a_distillation_term():
     calls = []
-
-    class Engine:
-        device = torch.device("cpu")
-
-        def __init__(self, module):
-            self.module = module
-
-        def __call__(self, *args):
-            calls.append(args[4])  # the teacher's targets
-            return {}
-
-        def bfloat16_enabled(self):
-            return False
-
     images = np.random.default_rng(0).integers(0, 256, (6, *GLOBAL, 3), dtype=np.uint8)
     for objective in (POSITION_ONLY, {}):
         student = make_student(**objective)
         teacher = build_teacher(student)
         teacher.register_forward_hook(lambda *_: calls.append("teacher ran"))
-        PretrainRecipe(Engine(student), teacher, student.cfg, images, GLOBAL, 2, 10).loss(0, torch.Generator())
+        engine = RecordingEngine(student, [])
+        PretrainRecipe(engine, teacher, student.cfg, images, GLOBAL, 2, 10).loss(0, torch.Generator())
+        calls.append(engine.calls[0][4])  # the teacher's targets
     assert calls[0] is None
     assert calls[1] == "teacher ran" and set(calls[2]) == {"cls_probs", "patch_probs"}
 

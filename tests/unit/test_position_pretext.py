@@ -108,27 +108,32 @@ def test_position_loss_falls_when_trained_on_a_fixed_batch():
     assert np.mean(losses[-5:]) < 0.6 * math.log(GRID_CELLS)
 
 
+class RecordingEngine:
+    """Stands in for the DeepSpeed engine in `PretrainRecipe.loss`: keeps each call's arguments
+    (global crops, local crops, keep, masked, teacher targets, position cells) instead of training."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, module, calls: list):
+        self.module, self.calls = module, calls
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return {}
+
+    def bfloat16_enabled(self):
+        return False
+
+
 def test_recipe_passes_cells_only_when_the_branch_is_on():
-    seen = []
-
-    class Engine:
-        device = torch.device("cpu")
-
-        def __init__(self, module):
-            self.module = module
-
-        def __call__(self, *args):
-            seen.append(args[-1])
-            return {}
-
-        def bfloat16_enabled(self):
-            return False
+    calls = []
 
     images = np.random.default_rng(0).integers(0, 256, (6, *GLOBAL, 3), dtype=np.uint8)
     for weight in (0.0, 1.0):
         student = make_student(position_weight=weight)
-        recipe = PretrainRecipe(Engine(student), build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
+        recipe = PretrainRecipe(RecordingEngine(student, calls), build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
         recipe.loss(0, torch.Generator().manual_seed(0))
+    seen = [args[-1] for args in calls]
     assert seen[0] is None
     assert len(seen[1]) == 2 and seen[1][0].shape == (2, GRID_CELLS // 2)
 
