@@ -17,7 +17,6 @@ import torch  # noqa: E402
 
 from sapiens2.data.normalize import normalize  # noqa: E402
 from sapiens2.pretrain.mae import patchify, unpatchify  # noqa: E402
-from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices  # noqa: E402
 
 
 def loss_curves_png(history: dict[str, list[float]], path: Path, title: str) -> Path:
@@ -66,19 +65,23 @@ def _to_uint8(pixels: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def mae_reconstruction_png(student: torch.nn.Module, images: np.ndarray, masker: MaskGenerator, path: Path) -> Path:
+def mae_reconstruction_png(
+    student: torch.nn.Module, images: np.ndarray, view: tuple[torch.Tensor, torch.Tensor, bool], path: Path
+) -> Path:
     """Original | masked input | reconstruction (predicted patches pasted into the visible ones).
 
+    ``view`` is the recipe's ``reconstruction_view``: the visible and hidden cells and whether the
+    encoder sees positions (the masked view does, the position branch's pass does not).
     Predictions are normalised-pixel patches; each is shown with its original patch's mean and std.
     """
     student.eval()
+    keep, masked, positions = view
     pixels = torch.as_tensor(images).permute(0, 3, 1, 2).float()
     x = normalize(pixels)
-    keep, masked = mask_to_indices(masker(len(images), torch.Generator().manual_seed(0)))
     backbone = student.backbone
     patch = backbone.patch_size
     grid = (x.shape[-2] // patch, x.shape[-1] // patch)
-    tokens = backbone.forward_tokens(x, keep)
+    tokens = backbone.forward_tokens(x, keep, positions=positions)
     pred = student.mae_decoder(tokens, keep, masked, grid).float()
     patches = patchify(pixels, patch)
     mean, std = patches.mean(-1, keepdim=True), patches.std(-1, keepdim=True, unbiased=False)
@@ -91,7 +94,8 @@ def mae_reconstruction_png(student: torch.nn.Module, images: np.ndarray, masker:
         [_to_uint8(pixels[i]), _to_uint8(unpatchify(hidden, grid, patch)[i]), _to_uint8(unpatchify(recon, grid, patch)[i])]
         for i in range(len(images))
     ]
-    return image_grid_png(rows, path, col_titles=["image", "masked 75%", "reconstruction"])
+    share = masked.shape[1] / (masked.shape[1] + keep.shape[1])
+    return image_grid_png(rows, path, col_titles=["image", f"masked {share:.0%}", "reconstruction"])
 
 
 def curation_scores_png(manifest, path: Path) -> Path:

@@ -40,6 +40,10 @@ class ObjectiveConfig(BaseModel):
         0.0, ge=0.0, description="weight of the masked position-prediction loss (0 = off; sapiens2.pretrain.position)"
     )
     position_keep_ratio: float = Field(0.5, gt=0.0, le=1.0, description="share of patches the position branch sees")
+    mae_view: Literal["masked", "position"] = Field(
+        "masked", description="the encoder pass the MAE decoder reads: the masked view (the paper's), or the "
+        "position branch's pass, reconstructing the patches it did not see (one encoder pass for both terms)",
+    )
 
     dino_out_dim: int = Field(65536, ge=2, description="number of CLS prototypes")
     ibot_out_dim: int | None = Field(None, ge=2, description="number of patch prototypes (default: dino_out_dim)")
@@ -73,13 +77,16 @@ class ObjectiveConfig(BaseModel):
     @property
     def uses_masked_view(self) -> bool:
         """A term reads the student's masked view of the global crops (its decoder or its CLS)."""
-        return self.mae_weight > 0 or self.uses_teacher or self.koleo_weight > 0
+        return (self.mae_weight > 0 and self.mae_view == "masked") or self.uses_teacher or self.koleo_weight > 0
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ObjectiveConfig:
         if not (self.uses_masked_view or self.position_weight > 0):
             raise ValueError("mae_weight, cl_weight, ibot_weight, koleo_weight and position_weight are all 0: "
                              "the objective has nothing to train")
+        if self.mae_view == "position" and not (self.mae_weight > 0 and self.position_weight > 0):
+            raise ValueError(f"mae_view 'position' reads the position branch's pass: it needs mae_weight "
+                             f"({self.mae_weight}) and position_weight ({self.position_weight}) above 0")
         if self.decoder_dim % self.decoder_heads:
             raise ValueError(
                 f"decoder_dim ({self.decoder_dim}) must be divisible by decoder_heads "

@@ -27,7 +27,7 @@ from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.dino import DINOHead, dino_cross_entropy
 from sapiens2.pretrain.koleo import koleo_loss
 from sapiens2.pretrain.mae import MAEDecoder, mae_loss
-from sapiens2.pretrain.position import position_logits, position_loss
+from sapiens2.pretrain.position import encode_unplaced, position_logits, position_loss, unseen_cells
 
 LOSS_KEYS = ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_koleo", "loss_position")
 MONITOR_KEYS = ("teacher_entropy", "teacher_marginal_entropy", "agreement", "cls_std")
@@ -78,22 +78,28 @@ class PretrainStudent(nn.Module):
         cfg = self.cfg
         images = torch.cat(list(global_crops))
         out: dict[str, torch.Tensor | list[torch.Tensor]] = {"images": images, "mask_idx": torch.cat(list(mask_idx))}
+        patch = self.backbone.patch_size
+        grid = (images.shape[-2] // patch, images.shape[-1] // patch)
         if cfg.position_weight > 0:
             if position_idx is None:
                 raise ValueError("position_weight > 0 needs position_idx, one entry per global crop")
-            out["position_idx"] = torch.cat(list(position_idx))
-            out["position_logits"] = position_logits(self.backbone, self.position_head, images, out["position_idx"])
+            cells = out["position_idx"] = torch.cat(list(position_idx))
+            tokens = encode_unplaced(self.backbone, images, cells)
+            out["position_logits"] = position_logits(self.backbone, self.position_head, tokens)
+            if cfg.mae_weight > 0 and cfg.mae_view == "position":
+                # The decoder places each token at its cell; the encoder never saw where they were.
+                unseen = out["mae_idx"] = unseen_cells(cells, grid[0] * grid[1])
+                out["pixel_pred"] = self.mae_decoder(tokens, cells, unseen, grid)
         if not cfg.uses_masked_view:
             return out
         keep, masked = torch.cat(list(keep_idx)), out["mask_idx"]
         tokens = self.backbone.forward_tokens(images, keep)
         out["global_cls"] = list(tokens[:, 0].chunk(len(global_crops)))
-        if cfg.mae_weight > 0 or cfg.ibot_weight > 0:
-            patch = self.backbone.patch_size
-            grid = (images.shape[-2] // patch, images.shape[-1] // patch)
+        mae_here = cfg.mae_weight > 0 and cfg.mae_view == "masked"
+        if mae_here or cfg.ibot_weight > 0:
             states = self.mae_decoder.forward_features(tokens, keep, masked, grid)
-            if cfg.mae_weight > 0:
-                out["pixel_pred"] = self.mae_decoder.pred(states)
+            if mae_here:
+                out["pixel_pred"], out["mae_idx"] = self.mae_decoder.pred(states), masked
             if cfg.ibot_weight > 0:
                 out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
         if cfg.uses_teacher:  # the CLS term, and the agreement monitor beside any distillation
@@ -114,7 +120,7 @@ class PretrainStudent(nn.Module):
         zero = student["images"].new_zeros((), dtype=torch.float32)
         loss_mae = loss_cl = loss_ibot = loss_koleo = loss_position = zero
         if cfg.mae_weight > 0:
-            loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mask_idx"], self.backbone.patch_size)
+            loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mae_idx"], self.backbone.patch_size)
         if cfg.cl_weight > 0:
             probs = teacher["cls_probs"]
             terms = [dino_cross_entropy(logits, p, cfg.student_temp)

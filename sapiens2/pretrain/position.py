@@ -35,8 +35,21 @@ def position_loss(logits: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), cells.flatten(), label_smoothing=LABEL_SMOOTHING)
 
 
-def position_logits(backbone: nn.Module, head: nn.Module, images: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-    """The head's logits (B, N, num_cells) for the patches ``cells`` (B, N) of ``images``,
+def encode_unplaced(backbone: nn.Module, images: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """The backbone's tokens (B, prefix + N, D) for the patches ``cells`` (B, N) of ``images``,
     encoded together but without positions."""
-    tokens = backbone.forward_tokens(images, cells, positions=False)
+    return backbone.forward_tokens(images, cells, positions=False)
+
+
+def position_logits(backbone: nn.Module, head: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The head's logits (B, N, num_cells) for ``encode_unplaced``'s patch tokens."""
     return head(tokens[:, backbone.num_prefix_tokens:])
+
+
+def unseen_cells(cells: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """(B, num_tokens - N) int64, ascending: the grid cells that ``cells`` (B, N) leaves out,
+    which the MAE decoder reconstructs when it reads the position branch's pass."""
+    seen = torch.zeros(cells.shape[0], num_tokens, dtype=torch.bool, device=cells.device)
+    seen.scatter_(1, cells, True)
+    # A stable sort puts the unseen cells (False) first, each row in grid order.
+    return seen.to(torch.uint8).argsort(dim=1, stable=True)[:, : num_tokens - cells.shape[1]]

@@ -22,7 +22,7 @@ from sapiens2.pretrain.centering import Centering
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.masking import MaskGenerator, mask_to_indices
 from sapiens2.pretrain.teacher import TeacherModel, ema_update, teacher_output
-from sapiens2.pretrain.position import draw_position_idx
+from sapiens2.pretrain.position import draw_position_idx, unseen_cells
 from sapiens2.pretrain.schedules import objective_schedules
 from sapiens2.train.engine import autocast_inputs
 
@@ -73,6 +73,14 @@ class PretrainRecipe:
         return self.engine([autocast_inputs(self.engine, c) for c in global_crops],
                            [autocast_inputs(self.engine, c) for c in crops["local_crops"]], keep, masked, targets,
                            cells)
+
+    def reconstruction_view(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The cells the MAE decoder reads and reconstructs on ``batch`` images, and whether the
+        encoder sees positions: the masked view, or the position branch's (``mae_view``)."""
+        if self.obj.mae_view == "position":
+            cells = draw_position_idx(batch, self.num_tokens, self.obj.position_keep_ratio, generator)
+            return cells, unseen_cells(cells, self.num_tokens), False
+        return (*mask_to_indices(self.masker(batch, generator)), True)
 
     def after_step(self, step: int) -> dict[str, float]:
         momentum = float(self.schedules["ema_momentum"][step])

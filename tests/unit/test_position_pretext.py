@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sapiens2.model import build_backbone
 from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.pretrain.teacher import build_teacher, teacher_output
-from sapiens2.pretrain.position import draw_position_idx, position_logits, position_loss
+from sapiens2.pretrain.position import draw_position_idx, encode_unplaced, position_logits, position_loss
 from sapiens2.pretrain.recipe import PretrainRecipe, build_centering
 from tests.unit.test_pretrain_objective import GLOBAL, SMALL, make_batch, make_student
 from tests.unit.test_pretrain_objective import single_thread  # noqa: F401 (autouse: debug tensors, one thread)
@@ -99,7 +99,7 @@ def test_position_loss_falls_when_trained_on_a_fixed_batch():
     losses = []
     for _ in range(30):
         cells = draw_position_idx(4, GRID_CELLS, 0.5, g)
-        loss = position_loss(position_logits(backbone, head, images, cells), cells)
+        loss = position_loss(position_logits(backbone, head, encode_unplaced(backbone, images, cells)), cells)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
