@@ -10,7 +10,9 @@ a term with weight 0 is not computed, and the teacher runs only for a distillati
 - ``PretrainStudent.student_output``: the encoder sees the visible tokens only (MAE); the light
   decoder inserts mask tokens and its states at the masked positions feed both the pixel
   predictor and the patch predictor, whose head is matched to the teacher's patch assignment;
-  local crops run whole for the CLS term.
+  local crops run whole for the CLS term. With ``mae_view='position'`` the decoder reads the
+  position branch's pass instead (no positions in the encoder; the decoder places each token)
+  and reconstructs the cells that pass left out.
 - ``PretrainStudent.losses``: the four terms plus collapse monitors.
 Multi-crop and masking are data code (``augment.py``, ``masking.py``).
 """

@@ -1,5 +1,6 @@
 """Objective terms with weight 0 cost nothing: no teacher without a distillation term, no masked
-view or decoder without a term that reads them; ``mae_weight`` scales the reconstruction term."""
+view or decoder without a term that reads them; ``mae_weight`` scales the reconstruction term;
+``mae_view='position'`` runs one encoder pass for the position and reconstruction terms."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import torch
 from pydantic import ValidationError
 
 from sapiens2.pretrain.config import ObjectiveConfig
+from sapiens2.pretrain.mae import mae_loss
 from sapiens2.pretrain.meta_arch import MONITOR_KEYS
 from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx
@@ -82,3 +84,45 @@ def test_an_objective_with_every_weight_zero_is_rejected():
         ObjectiveConfig(**SMALL, **{**POSITION_ONLY, "position_weight": 0.0})
     with pytest.raises(ValidationError, match="mae_weight"):
         ObjectiveConfig(**SMALL, mae_weight=-1.0)
+
+
+def test_mae_on_the_position_pass_reconstructs_the_cells_that_pass_left_out():
+    student = make_student(**{**POSITION_ONLY, "mae_weight": 1.0, "mae_view": "position"})
+    assert not student.cfg.uses_masked_view
+    passes, encode = [], student.backbone.forward_tokens
+
+    def recording_encode(*args, **kwargs):
+        passes.append(kwargs.get("positions", True))
+        return encode(*args, **kwargs)
+
+    student.backbone.forward_tokens = recording_encode
+    batch, cells = make_batch(), _cells()
+    inputs = (batch["global_crops"], batch["local_crops"], batch["keep_idx"], batch["mask_idx"])
+    out = student.student_output(*inputs, cells)
+    assert passes == [False]  # one encoder pass, without positions, for both terms
+    seen, hidden = out["position_idx"], out["mae_idx"]
+    assert (torch.cat([seen, hidden], 1).sort(1).values == torch.arange(GRID_CELLS)).all()
+    losses = student.losses(out, None)
+    torch.testing.assert_close(losses["loss"], losses["loss_mae"] + losses["loss_position"])
+    # The batch's own masks play no part: the MAE term scores the position pass's hidden cells.
+    images = torch.cat(batch["global_crops"])
+    torch.testing.assert_close(losses["loss_mae"], mae_loss(out["pixel_pred"], images, hidden, student.backbone.patch_size))
+    losses["loss"].backward()
+    assert all(p.grad is not None for p in student.mae_decoder.parameters())
+    assert all(p.grad is None for p in student.dino_head.parameters())
+
+
+def test_the_reconstruction_picture_follows_the_view_the_decoder_trained_on():
+    images = np.zeros((2, *GLOBAL, 3), dtype=np.uint8)
+    for view, positions in (("masked", True), ("position", False)):
+        student = make_student(**{**POSITION_ONLY, "mae_weight": 1.0, "mae_view": view})
+        recipe = PretrainRecipe(RecordingEngine(student, []), build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
+        keep, hidden, with_positions = recipe.reconstruction_view(2, torch.Generator().manual_seed(0))
+        assert with_positions is positions
+        assert (torch.cat([keep, hidden], 1).sort(1).values == torch.arange(GRID_CELLS)).all()
+    assert hidden.shape[1] == GRID_CELLS - round(0.5 * GRID_CELLS)  # the position branch's keep ratio
+
+
+def test_mae_on_the_position_pass_needs_that_pass():
+    with pytest.raises(ValidationError, match="position_weight"):
+        ObjectiveConfig(**SMALL, mae_view="position")
