@@ -8,9 +8,10 @@ Prints one JSON object: every metric of every model, the trivial baselines, the 
 pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. The last measured run (commit 55c9d5b: position prediction,
-2800 pretraining steps, seg 2800 steps at 100 % labels) took 39.3 minutes on an idle 2-core
-machine; the work folder must be new or empty.
+Dagster `training` pool runs them. The last measured run (commit a5d6a7c: position prediction
+with MAE reading its pass, 2800 pretraining steps, seg 2800 steps at 100 % labels) took 43.2
+minutes on an idle 2-core machine (position prediction alone: 39.3); the work folder must be new
+or empty.
 """
 
 from __future__ import annotations
@@ -130,9 +131,9 @@ def main() -> None:
                         help="pretraining objective: position prediction alone (POSITION_ONLY), with MAE reading "
                              "its pass, or params.yaml's MAE + self-distillation")
     # Position prediction's transfer grows with steps (screen, pose at 10 % labels, 3 seeds: below
-    # scratch after 1000, +0.016 after 3000, +0.054 after 6000); 2800 steps (about 9 min) is what
-    # the 45 minutes leave. The paper objective ran 1200 steps of 16 images (5.8 min; more of it
-    # cost pose, README).
+    # scratch after 1000, +0.016 after 3000, +0.054 after 6000); 2800 steps (13 min with MAE on its
+    # pass, 9 alone) is what the 45 minutes leave. The paper objective ran 1200 steps of 16 images
+    # (5.8 min; more of it cost pose, README).
     parser.add_argument("--pretrain-steps", type=int, help="default: 2800 (position, position-mae), 1200 (paper)")
     parser.add_argument("--finetune-steps", type=int, default=200, help="pointmap")
     # Above the demo's seg 600 / pose 450 / dense 70 and pretraining 150 steps on half the images.
