@@ -106,7 +106,8 @@ def test_mae_on_the_position_pass_reconstructs_the_cells_that_pass_left_out():
     torch.testing.assert_close(losses["loss"], losses["loss_mae"] + losses["loss_position"])
     # The batch's own masks play no part: the MAE term scores the position pass's hidden cells.
     images = torch.cat(batch["global_crops"])
-    torch.testing.assert_close(losses["loss_mae"], mae_loss(out["pixel_pred"], images, hidden, student.backbone.patch_size))
+    expected = mae_loss(out["pixel_pred"], images, hidden, student.backbone.patch_size)
+    torch.testing.assert_close(losses["loss_mae"], expected)
     losses["loss"].backward()
     assert all(p.grad is not None for p in student.mae_decoder.parameters())
     assert all(p.grad is None for p in student.dino_head.parameters())
@@ -116,7 +117,8 @@ def test_the_reconstruction_picture_follows_the_view_the_decoder_trained_on():
     images = np.zeros((2, *GLOBAL, 3), dtype=np.uint8)
     for view, positions in (("masked", True), ("position", False)):
         student = make_student(**{**POSITION_ONLY, "mae_weight": 1.0, "mae_view": view})
-        recipe = PretrainRecipe(RecordingEngine(student, []), build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
+        engine = RecordingEngine(student, [])
+        recipe = PretrainRecipe(engine, build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
         keep, hidden, with_positions = recipe.reconstruction_view(2, torch.Generator().manual_seed(0))
         assert with_positions is positions
         assert (torch.cat([keep, hidden], 1).sort(1).values == torch.arange(GRID_CELLS)).all()
