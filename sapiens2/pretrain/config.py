@@ -75,9 +75,14 @@ class ObjectiveConfig(BaseModel):
         return self.cl_weight > 0 or self.ibot_weight > 0
 
     @property
+    def mae_on_masked_view(self) -> bool:
+        """The MAE term is on and its decoder reads the masked view (not the position branch's pass)."""
+        return self.mae_weight > 0 and self.mae_view == "masked"
+
+    @property
     def uses_masked_view(self) -> bool:
         """A term reads the student's masked view of the global crops (its decoder or its CLS)."""
-        return (self.mae_weight > 0 and self.mae_view == "masked") or self.uses_teacher or self.koleo_weight > 0
+        return self.mae_on_masked_view or self.uses_teacher or self.koleo_weight > 0
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ObjectiveConfig:

@@ -88,7 +88,7 @@ class PretrainStudent(nn.Module):
             cells = out["position_idx"] = torch.cat(list(position_idx))
             tokens = encode_unplaced(self.backbone, images, cells)
             out["position_logits"] = position_logits(self.backbone, self.position_head, tokens)
-            if cfg.mae_weight > 0 and cfg.mae_view == "position":
+            if cfg.mae_weight > 0 and not cfg.mae_on_masked_view:
                 # The decoder places each token at its cell; the encoder never saw where they were.
                 unseen = out["mae_idx"] = unseen_cells(cells, grid[0] * grid[1])
                 out["pixel_pred"] = self.mae_decoder(tokens, cells, unseen, grid)
@@ -97,10 +97,9 @@ class PretrainStudent(nn.Module):
         keep, masked = torch.cat(list(keep_idx)), out["mask_idx"]
         tokens = self.backbone.forward_tokens(images, keep)
         out["global_cls"] = list(tokens[:, 0].chunk(len(global_crops)))
-        mae_here = cfg.mae_weight > 0 and cfg.mae_view == "masked"
-        if mae_here or cfg.ibot_weight > 0:
+        if cfg.mae_on_masked_view or cfg.ibot_weight > 0:
             states = self.mae_decoder.forward_features(tokens, keep, masked, grid)
-            if mae_here:
+            if cfg.mae_on_masked_view:
                 out["pixel_pred"], out["mae_idx"] = self.mae_decoder.pred(states), masked
             if cfg.ibot_weight > 0:
                 out["patch_logits"] = self.ibot_head(self.patch_predictor(states))
