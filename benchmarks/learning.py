@@ -124,7 +124,7 @@ def _curves_png(work: Path, fractions: list[float], path: Path) -> Path:
     return path
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "learning")
     parser.add_argument("--people", type=int, default=1600, help="person renders in the pretraining pool")
@@ -148,14 +148,20 @@ def main() -> None:
     parser.add_argument("--pose-steps", type=int, default=500)
     parser.add_argument("--normal-steps", type=int, default=400)
     # Normal's fine-tuning washes out a pretrained start (a backbone trained on normals with all the
-    # labels ties scratch), and its image-pyramid head carries most of the task (a frozen random
-    # backbone: 21.21 deg, trained: 21.00). Holding the backbone for the first half keeps what the
-    # pretrained one has; screened at 10 % labels over five seeds (transfer_screens.json,
-    # normal_backbone_freeze), applied to both starts.
+    # labels ties scratch), and its image-pyramid head carries most of the task (plain loop, 10 %
+    # labels, seeds 0-2: a frozen random backbone 21.21 deg, trained 21.00). Holding the backbone for
+    # the first half keeps what the pretrained one has and leaves scratch as it was: seeds 0-4,
+    # pretrained 20.89 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13; transfer_screens.json,
+    # normal_backbone_freeze).
     parser.add_argument("--normal-frozen-fraction", type=float, default=0.5,
                         help="normal's finetune.optim.backbone_frozen_fraction (both starts)")
     parser.add_argument("--albedo-steps", type=int, default=400)
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     args.pretrain_steps = args.pretrain_steps or OBJECTIVES[args.objective][1]
     if len(args.seg_steps) not in (1, len(args.label_fractions)):
