@@ -8,10 +8,10 @@ Prints one JSON object: every metric of every model, the trivial baselines, the 
 pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. The last measured run (commit a5d6a7c: position prediction
-with MAE reading its pass, 2800 pretraining steps, seg 2800 steps at 100 % labels) took 43.2
-minutes on an idle 2-core machine (position prediction alone: 39.3); the work folder must be new
-or empty.
+Dagster `training` pool runs them. The last measured run (commit 253e29c: position prediction
+with MAE reading its pass, 2800 pretraining steps, seg 2800 steps at 100 % labels, normal's
+backbone held for the first half) took 41.8 minutes on an idle 2-core machine (position
+prediction alone: 39.3); the work folder must be new or empty.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     # labels ties scratch), and its image-pyramid head carries most of the task (plain loop, 10 %
     # labels, seeds 0-2: a frozen random backbone 21.21 deg, trained 21.00). Holding the backbone for
     # the first half keeps what the pretrained one has and leaves scratch as it was: seeds 0-4,
-    # pretrained 20.89 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13; transfer_screens.json,
+    # pretrained 20.88 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13; transfer_screens.json,
     # normal_backbone_freeze).
     parser.add_argument("--normal-frozen-fraction", type=float, default=0.5,
                         help="normal's finetune.optim.backbone_frozen_fraction (both starts)")
