@@ -150,9 +150,10 @@ def _parser() -> argparse.ArgumentParser:
     # Normal's fine-tuning washes out a pretrained start (a backbone trained on normals with all the
     # labels ties scratch), and its image-pyramid head carries most of the task (plain loop, 10 %
     # labels, seeds 0-2: a frozen random backbone 21.21 deg, trained 21.00). Holding the backbone for
-    # the first half keeps what the pretrained one has and leaves scratch as it was: seeds 0-4,
-    # pretrained 20.88 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13; transfer_screens.json,
-    # normal_backbone_freeze).
+    # the first half keeps what the pretrained one has and leaves scratch as it was on average:
+    # seeds 0-4, pretrained 20.88 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13;
+    # transfer_screens.json, normal_backbone_freeze). One run is one draw: at 253e29c scratch got
+    # 20.68 with it against 20.31 fully fine-tuned at a5d6a7c (README).
     parser.add_argument("--normal-frozen-fraction", type=float, default=0.5,
                         help="normal's finetune.optim.backbone_frozen_fraction (both starts)")
     parser.add_argument("--albedo-steps", type=int, default=400)
