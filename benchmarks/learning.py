@@ -86,7 +86,8 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
     task_steps = {"pose": args.pose_steps, "seg": min(args.seg_steps), "normal": args.normal_steps,
                   "albedo": args.albedo_steps}
     params["finetune"]["task_steps"] = task_steps
-    params["finetune"].setdefault("task_optim", {})["normal"] = {"backbone_frozen_fraction": args.normal_frozen_fraction}
+    task_optim = params["finetune"].setdefault("task_optim", {})
+    task_optim["normal"] = {"backbone_frozen_fraction": args.normal_frozen_fraction}
     # One checkpoint at the end of the longest run (a fraction's seg steps may exceed task_steps').
     longest = max(*task_steps.values(), *args.seg_steps, args.finetune_steps)
     params["finetune"]["checkpoint"]["every_n_steps"] = longest

@@ -167,7 +167,8 @@ def test_global_views_are_paired_with_the_other_teacher_view():
     patch_probs = torch.softmax(torch.randn(8, 3, 256), -1)
     global_cls = torch.randn(8, 64)
     fake = {"images": torch.zeros(8, 3, 16, 16), "mask_idx": torch.zeros(8, 1, dtype=torch.long),
-            "mae_idx": torch.zeros(8, 1, dtype=torch.long), "pixel_pred": torch.zeros(8, 1, 768), "global_cls": list(global_cls.chunk(2)),
+            "mae_idx": torch.zeros(8, 1, dtype=torch.long), "pixel_pred": torch.zeros(8, 1, 768),
+            "global_cls": list(global_cls.chunk(2)),
             "global_logits": logits, "local_logits": [logits[0]], "patch_logits": patch_logits}
     losses = student.losses(fake, {"cls_probs": probs, "patch_probs": patch_probs})
     ce = [[dino_cross_entropy(s, t, 0.1) for t in probs] for s in logits]
