@@ -15,29 +15,33 @@ from sapiens2.tasks.heads import build_pixel_shuffle_head
 from sapiens2.tasks.losses import chromaticity, gradient_l1, masked_l1, masked_mean
 
 
-def gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
+def gaussian_kernel_1d(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    """The normalised 1-D Gaussian whose outer product is SSIM's 2-D window."""
     x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
     g = torch.exp(-(x**2) / (2 * sigma**2))
-    g = g / g.sum()
-    return (g[:, None] * g[None, :])[None, None]
+    return g / g.sum()
 
 
 def ssim_map(pred: torch.Tensor, target: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
     """Per-pixel SSIM (Wang et al. 2004: 11x11 Gaussian window, sigma 1.5), channel mean (B, H, W).
 
     Reflect padding keeps the map the image size so it can be averaged under the person mask.
+    The window is separable, so the five local moments are blurred together as one row pass and
+    one column pass: 22 taps a pixel instead of 121, the same map to float64 rounding (the 2-D
+    float64 convolution took 50 of the demo evaluation's 91 s).
     """
     c = pred.shape[1]
-    window = gaussian_window().to(pred).expand(c, 1, -1, -1)
-    pad = window.shape[-1] // 2
-
-    def blur(x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(F.pad(x, (pad,) * 4, mode="reflect"), window, groups=c)
-
-    mu_p, mu_t = blur(pred), blur(target)
-    var_p = blur(pred * pred) - mu_p**2
-    var_t = blur(target * target) - mu_t**2
-    cov = blur(pred * target) - mu_p * mu_t
+    g = gaussian_kernel_1d().to(pred)
+    pad = g.numel() // 2
+    moments = torch.cat([pred, target, pred * pred, target * target, pred * target], dim=1)
+    n = moments.shape[1]
+    blurred = F.pad(moments, (pad,) * 4, mode="reflect")
+    blurred = F.conv2d(blurred, g.view(1, 1, 1, -1).expand(n, 1, 1, -1), groups=n)
+    blurred = F.conv2d(blurred, g.view(1, 1, -1, 1).expand(n, 1, -1, 1), groups=n)
+    mu_p, mu_t, mean_pp, mean_tt, mean_pt = blurred.split(c, dim=1)
+    var_p = mean_pp - mu_p**2
+    var_t = mean_tt - mu_t**2
+    cov = mean_pt - mu_p * mu_t
     c1, c2 = (0.01 * data_range) ** 2, (0.03 * data_range) ** 2
     ssim = ((2 * mu_p * mu_t + c1) * (2 * cov + c2)) / (
         (mu_p**2 + mu_t**2 + c1) * (var_p + var_t + c2)

@@ -46,6 +46,21 @@ def test_ssim_is_one_for_identical_images_and_drops_with_noise():
     torch.testing.assert_close(flat, torch.full_like(flat, (0.3 + 1e-4) / (0.34 + 1e-4)))
 
 
+def test_ssim_map_matches_scikit_image_away_from_the_border():
+    # scikit-image's Gaussian SSIM (sigma 1.5, truncated to the same 11 taps, population
+    # covariance) as the reference; its border handling differs, so compare the interior.
+    from skimage.metrics import structural_similarity
+
+    g = torch.Generator().manual_seed(3)
+    target = torch.rand(2, 3, 32, 24, generator=g, dtype=torch.float64)
+    pred = (target + 0.15 * torch.randn(target.shape, generator=g, dtype=torch.float64)).clamp(0, 1)
+    ours = ssim_map(pred, target)
+    for i in range(2):
+        _, full = structural_similarity(pred[i].numpy(), target[i].numpy(), channel_axis=0, data_range=1.0,
+                                        gaussian_weights=True, sigma=1.5, use_sample_covariance=False, full=True)
+        np.testing.assert_allclose(ours[i, 5:-5, 5:-5].numpy(), full.mean(axis=0)[5:-5, 5:-5], atol=1e-10)
+
+
 def test_merge_of_two_halves_equals_the_whole():
     batch = albedo_batch(b=4)
     g = torch.Generator().manual_seed(2)
