@@ -24,8 +24,8 @@ $(VENV)/.installed: pyproject.toml
 # DeepSpeed JIT-builds its shared-memory collective op on its first CPU start (30 s of both cores
 # here, measured), which a fresh clone's demo paid inside its first training step; build it at
 # install into torch's extension cache (~/.cache/torch_extensions), where every later start finds it.
-BUILD_SHM_OP := from deepspeed.accelerator import get_accelerator; \
-	get_accelerator().create_op_builder('ShareMemCommBuilder').load()
+# DeepSpeed's own function: it skips the op where DeepSpeed reports it incompatible, as a start would.
+BUILD_SHM_OP := from deepspeed.comm.torch import build_shm_op; build_shm_op()
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
