@@ -63,6 +63,32 @@ def test_dice_matches_hand_computation_and_excludes_background():
     assert softmax_dice_loss(logits, target, 255).item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_dice_and_its_gradient_match_the_one_hot_formula():
+    """The gather form equals the textbook one: softmax times a one-hot mask, summed per class,
+    with ignored pixels out of both sums and classes absent from the labels kept in the mean."""
+    g = torch.Generator().manual_seed(2)
+    target = torch.randint(0, 6, (3, 9, 7), generator=g)  # classes 6 and 7 never labelled
+    target[0, :2] = 255
+    target[2, 4, 1:5] = 255
+    logits = (torch.randn(3, 8, 9, 7, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+
+    def one_hot_dice(logits: torch.Tensor) -> torch.Tensor:
+        valid = (target != 255)[:, None]
+        probs = logits.softmax(dim=1) * valid
+        one_hot = F.one_hot(torch.where(target == 255, 0, target), 8).permute(0, 3, 1, 2) * valid
+        inter = (probs * one_hot).sum(dim=(0, 2, 3))
+        dice = (2 * inter + 1) / (probs.sum(dim=(0, 2, 3)) + one_hot.sum(dim=(0, 2, 3)) + 1)
+        return (1 - dice[1:]).mean()
+
+    loss = softmax_dice_loss(logits, target, 255)
+    expected = one_hot_dice(logits)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, logits)
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-14)
+    assert grad[0, :, :2].abs().max() == 0  # ignored pixels get no gradient
+
+
 def test_loss_is_weighted_cross_entropy_plus_dice():
     task = get_task("seg")
     g = torch.Generator().manual_seed(1)
