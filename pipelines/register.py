@@ -35,7 +35,7 @@ from pipelines.common.config import TASK_NAMES, PlatformConfig, load_config
 from pipelines.common.eval_report import REPORT_TAG, report_sha256
 from pipelines.common.lineage import MODEL_FILES, Lineage, dvc_hash, model_sha256
 from pipelines.common.model_registry import GATE_PASSED_TAG, GATE_REASON_TAG, MODEL_SHA_TAG, SPLIT_TAG
-from pipelines.common.serving import TaskPyfunc, load_task_model, predict_images
+from pipelines.common.serving import TaskPyfunc, load_task_model, predict_images, served_requirements
 from pipelines.common.workspace import Workspace
 
 
@@ -127,7 +127,7 @@ def register_task(config: PlatformConfig, task_result: dict, split: str, model_d
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=TaskPyfunc(), artifacts={"model_dir": str(files)},
                 code_paths=[str(Path(sapiens2.__file__).parent), str(Path(pipelines.__file__).parent)],
-                signature=signature, registered_model_name=name, tags=tags,
+                signature=signature, pip_requirements=served_requirements(), registered_model_name=name, tags=tags,
             )
         # The tags are part of the version's creation: a version without its model.sha256 (that a
         # rerun could not recognise) never exists.

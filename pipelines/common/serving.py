@@ -12,6 +12,7 @@ albedo (N, H, W, 3) in [0, 1]. Dense outputs come at the model's input size.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,20 @@ def predict_images(model: TaskModel, task_name: str, images: np.ndarray, size: t
         outputs[..., 0] *= width / size[1]
         outputs[..., 1] *= height / size[0]
     return outputs
+
+
+# The distributions the served code imports (tests/unit/test_serving_requirements.py reads its
+# imports): the project itself travels as the model's code, so it is not one of them. Declared,
+# not inferred: MLflow's inference loads each model in a subprocess (3.6 s a model here) and
+# drops torch and the rest as dependencies of sapiens2-platform, which no package index has.
+SERVED_DISTRIBUTIONS = ("mlflow", "cloudpickle", "torch", "numpy", "pandas", "pillow", "opencv-python-headless",
+                        "pycocotools", "safetensors")
+
+
+def served_requirements() -> list[str]:
+    """`SERVED_DISTRIBUTIONS` pinned to the versions installed here, without local labels such as
+    `+cpu` (PyPI's torch==2.13.0 is the same release)."""
+    return [f"{name}=={importlib.metadata.version(name).split('+')[0]}" for name in SERVED_DISTRIBUTIONS]
 
 
 class TaskPyfunc(mlflow.pyfunc.PythonModel):
