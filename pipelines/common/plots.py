@@ -40,20 +40,24 @@ def loss_curves_png(history: dict[str, list[float]], path: Path, title: str) -> 
 
 def image_grid_png(rows: list[list[np.ndarray]], path: Path, row_titles: list[str] | None = None,
                    col_titles: list[str] | None = None) -> Path:
-    """A grid of uint8 RGB images (rows x columns)."""
+    """A grid of uint8 RGB images (rows x columns), drawn as one mosaic on one axes: a subplot per
+    image cost 3 s of the demo's evaluation for its 200 images."""
+    gap = 4
     n_rows, n_cols = len(rows), max(len(r) for r in rows)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 2.1 * n_rows), squeeze=False)
+    cell_h = max(image.shape[0] for row in rows for image in row)
+    cell_w = max(image.shape[1] for row in rows for image in row)
+    mosaic = np.full((n_rows * (cell_h + gap) - gap, n_cols * (cell_w + gap) - gap, 3), 255, dtype=np.uint8)
     for r, row in enumerate(rows):
-        for c in range(n_cols):
-            ax = axes[r][c]
-            ax.axis("off")
-            if c < len(row):
-                ax.imshow(row[c])
-            if r == 0 and col_titles and c < len(col_titles):
-                ax.set_title(col_titles[c], fontsize=8)
-        if row_titles:
-            axes[r][0].text(-0.1, 0.5, row_titles[r], transform=axes[r][0].transAxes, rotation=90,
-                            va="center", ha="right", fontsize=8)
+        for c, image in enumerate(row):
+            top, left = r * (cell_h + gap), c * (cell_w + gap)
+            mosaic[top:top + image.shape[0], left:left + image.shape[1]] = image[..., :3]
+    fig, ax = plt.subplots(figsize=(1.6 * n_cols, 2.1 * n_rows))
+    ax.imshow(mosaic, interpolation="nearest")
+    ax.axis("off")
+    for c, title in enumerate((col_titles or [])[:n_cols]):
+        ax.text(c * (cell_w + gap) + cell_w / 2, -gap, title, ha="center", va="bottom", fontsize=8)
+    for r, title in enumerate((row_titles or [])[:n_rows]):
+        ax.text(-gap, r * (cell_h + gap) + cell_h / 2, title, rotation=90, ha="right", va="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
