@@ -8,7 +8,8 @@ of the image the person covers.
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
+
+from sapiens2.tasks.channels import channel_cosine
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -26,7 +27,7 @@ def masked_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> t
 
 def cosine_distance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of 1 - cos(pred, target) per pixel; pred need not be unit length."""
-    cosine = F.cosine_similarity(pred, target, dim=1, eps=1e-6)
+    cosine = channel_cosine(pred, target, eps=1e-6)
     return masked_mean(1.0 - cosine, mask)
 
 
