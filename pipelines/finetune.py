@@ -19,7 +19,9 @@ import json
 from pathlib import Path
 
 from pipelines.common.config import PlatformConfig, load_config
-from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
+from pipelines.common.launch import (
+    StepLogger, add_launch_arguments, compute_tags, launch_ranks, rank_zero_pipes, resolve_config,
+)
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png
 from pipelines.common.task_models import (
@@ -68,7 +70,9 @@ def train(config: PlatformConfig, task_name: str, curated_dir: Path, backbone_pa
                           checkpoints, cfg.seed, ds.grad_accum_steps)
         start = trainer.resume()
         log = StepLogger(f"finetune {task_name}", steps, start, pipes, enabled=rank == 0)
-        log.resumed()
+        compute = compute_tags()
+        tracker.set_tags(compute)
+        log.started(compute)
 
         def track(step: int, metrics: dict[str, float]) -> None:
             if (step + 1) % cfg.log_every == 0 or step + 1 == steps:

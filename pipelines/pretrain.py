@@ -27,7 +27,9 @@ import torch
 import torch.distributed as dist
 
 from pipelines.common.config import PlatformConfig, load_config
-from pipelines.common.launch import StepLogger, add_launch_arguments, launch_ranks, rank_zero_pipes, resolve_config
+from pipelines.common.launch import (
+    StepLogger, add_launch_arguments, compute_tags, launch_ranks, rank_zero_pipes, resolve_config,
+)
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import loss_curves_png, mae_reconstruction_png
 from sapiens2.data.images import load_split_images
@@ -74,7 +76,9 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
                           ds.grad_accum_steps)
         start = trainer.resume()
         log = StepLogger("pretrain", cfg.steps, start, pipes, enabled=rank == 0)
-        log.resumed()
+        compute = compute_tags()
+        tracker.set_tags(compute)
+        log.started(compute)
         # Collapse monitors go to MLflow every step; the console gets every log_every-th.
         trainer.hooks += [lambda step, metrics: tracker.log_metrics(metrics, step + 1),
                           log.every(cfg.log_every, ("loss", "loss_mae", "loss_cl", "loss_ibot", "loss_position",

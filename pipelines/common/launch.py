@@ -136,6 +136,18 @@ def launch_ranks(module: str, args: argparse.Namespace, config: PlatformConfig, 
     return run_ranks(module, world_size, rank_args, nodes)
 
 
+def compute_tags() -> dict[str, str]:
+    """What sets a run's float rounding besides its code and inputs: the kernel set torch chose
+    for this process from the features the CPU reports (`ATEN_CPU_CAPABILITY` overrides it) and
+    the intra-op threads. Two launches that differ in either differ in the last bits of every
+    loss: a step-0 loss that two launches of one fine-tune gave 1 ulp apart was, to the bit, the
+    one AVX2 kernels give on this AVX-512 machine (README, known limits)."""
+    import torch
+
+    return {"compute.cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+            "compute.threads": str(torch.get_num_threads())}
+
+
 class _Silent:
     """Stands in for the Pipes context on ranks other than 0 and outside Dagster."""
 
@@ -173,10 +185,15 @@ class StepLogger:
         self.name, self.total, self.pipes, self.enabled = name, total_steps, pipes, enabled
         self.start_step, self.start_time = start_step, time.perf_counter()
 
-    def resumed(self) -> None:
-        """Say where a resumed run picks up (once, before its first step)."""
-        if self.enabled and self.start_step > 0:
-            line = f"[{self.name}] resumed from step {self.start_step}/{self.total}"
+    def started(self, compute: dict[str, str]) -> None:
+        """Say what the run computes with (`compute_tags`) and where a resumed run picks up (once,
+        before its first step)."""
+        if not self.enabled:
+            return
+        lines = [f"[{self.name}] {compute['compute.cpu_kernels']} kernels, {compute['compute.threads']} threads"]
+        if self.start_step > 0:
+            lines.append(f"[{self.name}] resumed from step {self.start_step}/{self.total}")
+        for line in lines:
             print(line, flush=True)
             self.pipes.log.info(line)
 
