@@ -14,7 +14,7 @@ import torch
 
 
 def channel_norm(x: torch.Tensor) -> torch.Tensor:
-    """Euclidean length over dim 1: (B, C, H, W) -> (B, H, W), or (N, C) points -> (N,).
+    """Euclidean length over dim 1: (B, C, H, W) -> (B, H, W).
 
     For metrics: its gradient at a zero vector is not finite, so losses go through
     `unit_channels`, whose length is clamped first.
