@@ -8,8 +8,7 @@ of the image the person covers.
 from __future__ import annotations
 
 import torch
-
-from sapiens2.tasks.channels import channel_cosine
+from torch.nn import functional as F
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -27,7 +26,7 @@ def masked_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> t
 
 def cosine_distance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of 1 - cos(pred, target) per pixel; pred need not be unit length."""
-    cosine = channel_cosine(pred, target, eps=1e-6)
+    cosine = F.cosine_similarity(pred, target, dim=1, eps=1e-6)
     return masked_mean(1.0 - cosine, mask)
 
 
