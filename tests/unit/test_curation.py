@@ -301,26 +301,26 @@ def test_config_from_yaml(tmp_path: Path):
 def test_score_fingerprint_covers_model_bytes_and_package_versions(tmp_path: Path, monkeypatch) -> None:
     import importlib.metadata
 
-    from pipelines import curate
+    from pipelines import shard_scores
 
     model = tmp_path / "person.onnx"
     model.write_bytes(b"weights v1")
     config = CurationConfig(onnx_person={"model": str(model)})
-    first = curate.config_fingerprint(config)
-    assert curate.config_fingerprint(config) == first
+    first = shard_scores.config_fingerprint(config)
+    assert shard_scores.config_fingerprint(config) == first
     model.write_bytes(b"weights v2, same path")
-    assert curate.config_fingerprint(config) != first, "new model bytes must invalidate cached scores"
+    assert shard_scores.config_fingerprint(config) != first, "new model bytes must invalidate cached scores"
 
-    before = curate.config_fingerprint(CurationConfig())
+    before = shard_scores.config_fingerprint(CurationConfig())
     real_version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version",
                         lambda name: "99.0" if name == "opencv-python-headless" else real_version(name))
-    curate._code_digest.cache_clear()
+    shard_scores._code_digest.cache_clear()
     try:
-        assert curate.config_fingerprint(CurationConfig()) != before, "a new OpenCV must invalidate cached scores"
+        assert shard_scores.config_fingerprint(CurationConfig()) != before, "a new OpenCV must invalidate cached scores"
     finally:
         monkeypatch.undo()
-        curate._code_digest.cache_clear()
+        shard_scores._code_digest.cache_clear()
 
 
 def test_pools_refuse_links_and_special_files_before_reading_or_copying(tmp_path: Path) -> None:

@@ -339,3 +339,20 @@ def test_models_load_from_s3_once_and_the_cache_is_reused(moto_s3, tiny_clip, br
     with pytest.raises(s3mod.UploadVerificationError, match="model: download of .*bad.onnx failed verification"):
         fetch_model(f"s3://{settings.bucket}/models/bad.onnx")
     assert not list((tmp_path / "cache" / settings.bucket / "models").iterdir())
+
+
+def test_curation_with_s3_models_filters_in_process(moto_s3, bright_onnx, photos, tmp_path, monkeypatch):  # noqa: F811
+    """With one worker the chain runs in the curating process, which must build it from the fetched
+    local copies, not from the s3:// names the library refuses to open."""
+    from pipelines.curate import curate
+
+    _, settings = moto_s3
+    for key, value in settings.aws_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SAPIENS2_MODEL_CACHE", str(tmp_path / "cache"))
+    onnx_uri = s3mod.upload_verified(bright_onnx, "models/bright.onnx", settings).uri
+    config = CurationConfig(stages=("size", "phash", "onnx_person"), workers=1,
+                            onnx_person=OnnxDetectorConfig(model=onnx_uri, input_size=64))
+    summary = curate(photos["astronaut"].parent, tmp_path / "curated", config)
+    assert summary.n_inputs == 2
+    assert sum(summary.status_counts.values()) == 2 and summary.status_counts["quarantined"] == 0
