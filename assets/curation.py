@@ -5,8 +5,8 @@ import pandas as pd
 
 from assets import metadata
 from assets.resources import DvcResource, PlatformResource
+from pipelines.common.shard_scores import config_fingerprint, filter_shard, score_path, shard_is_filtered, workers
 from pipelines.curate import curate_step
-from pipelines.shard_scores import config_fingerprint, filter_shard, score_path, shard_is_filtered, workers
 from pipelines.synth import build_raw_pool
 from sapiens2.curation.pool import INDEX, PoolShards, list_inputs, open_pool, shard_pool
 

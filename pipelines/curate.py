@@ -10,7 +10,7 @@ summary's ``report_path`` points at it.
 
 It runs in three steps, each callable on its own (the Dagster assets do): ``shard_pool`` packs
 the pool into tar shards (``<work>/shards``, ``sapiens2.curation.pool``); ``filter_shard``
-(``pipelines.shard_scores``) runs the filter chain over one shard into
+(``pipelines.common.shard_scores``) runs the filter chain over one shard into
 ``<work>/scores/<shard>.parquet``, skipped when a valid one exists, so a killed run resumes at
 the first unfinished shard; ``merge_shards`` runs the global dedup and balance passes over all
 score files and writes the curated dataset. The work folder defaults to ``<output_dir>.work``
@@ -42,7 +42,7 @@ from pipelines.common.config import load_config
 from pipelines.common.dataset_stats import write_label_manifests
 from pipelines.common.lineage import Lineage, RankZeroTracker
 from pipelines.common.plots import curation_scores_png
-from pipelines.shard_scores import filter_pool, keypoints_in_workers, read_scores, workers
+from pipelines.common.shard_scores import filter_pool, keypoints_in_workers, read_scores, workers
 from sapiens2.curation.config import CurationConfig
 from sapiens2.curation.dedup import Keypoints
 from sapiens2.curation.filters import REASONS, SCORE_COLUMNS

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipelines.common.shard_scores import filter_shard, score_path, shard_is_filtered
 from pipelines.curate import curate
-from pipelines.shard_scores import filter_shard, score_path, shard_is_filtered
 from sapiens2.curation import CurationConfig
 from sapiens2.curation.pool import INDEX, open_pool, shard_pool
 from sapiens2.data.synth import generate_pool

@@ -301,7 +301,7 @@ def test_config_from_yaml(tmp_path: Path):
 def test_score_fingerprint_covers_model_bytes_and_package_versions(tmp_path: Path, monkeypatch) -> None:
     import importlib.metadata
 
-    from pipelines import shard_scores
+    from pipelines.common import shard_scores
 
     model = tmp_path / "person.onnx"
     model.write_bytes(b"weights v1")

@@ -86,7 +86,7 @@ def workers(config: CurationConfig) -> Iterator[Pool | None]:
         return
     # forkserver: workers never inherit a parent's threads (torch, OpenCV) mid-flight.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipelines.shard_scores"])
+    ctx.set_forkserver_preload(["pipelines.common.shard_scores"])
     with ctx.Pool(config.workers, initializer=_init_worker, initargs=(fetch_remote_models(config),)) as pool:
         yield pool
 
