@@ -65,13 +65,17 @@ def _keypoints(data: bytes) -> Keypoints:
     return orb_keypoints(decode_image(data, _CHAIN.config.max_pixels).image)
 
 
-def _chain_here(config: CurationConfig) -> None:
-    """Build the chain for `config` in this process, from local copies of its remote models,
-    unless this process holds that chain already."""
+def _build_chain_here(config: CurationConfig) -> None:
+    """The chain for `config` in this process, built from local copies of its remote models."""
     global _CHAIN_FOR
+    _init_worker(fetch_remote_models(config))
+    _CHAIN_FOR = config
+
+
+def _chain_here(config: CurationConfig) -> None:
+    """`_build_chain_here` unless this process holds the chain for `config` already."""
     if _CHAIN is None or _CHAIN_FOR != config:
-        _init_worker(fetch_remote_models(config))
-        _CHAIN_FOR = config
+        _build_chain_here(config)
 
 
 @contextmanager
@@ -81,7 +85,7 @@ def workers(config: CurationConfig) -> Iterator[Pool | None]:
     Remote (``s3://``) models are fetched into the local cache here, once, before any chain is
     built: the library only opens local files."""
     if config.workers == 1:
-        _chain_here(config)
+        _build_chain_here(config)  # afresh: a model file may have new bytes under the same name
         yield None
         return
     # forkserver: workers never inherit a parent's threads (torch, OpenCV) mid-flight.
