@@ -8,10 +8,11 @@ Prints one JSON object: every metric of every model, the trivial baselines, the 
 pretrained and the random backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. The last measured run (commit 253e29c: position prediction
-with MAE reading its pass, 2800 pretraining steps, seg 2800 steps at 100 % labels, normal's
-backbone held for the first half) took 41.8 minutes on an idle 2-core machine (position
-prediction alone: 39.3); the work folder must be new or empty.
+Dagster `training` pool runs them. With these defaults (position prediction with MAE reading its
+pass, 2800 pretraining steps, seg 2800 steps at 100 % labels, normal's backbone held for the first
+half) it took 41.8 minutes on an idle 2-core machine (commit 253e29c) and 62.5 on a slower one
+(commit 8ada6aa; `pretrain_calibration.py --threads 1` 1.70x the time of the machine the recipes
+were timed on); the work folder must be new or empty.
 """
 
 from __future__ import annotations
