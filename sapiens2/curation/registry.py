@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # The modules whose stages register when imported, the built-in ones first.
 STAGE_MODULES = (
-    "sapiens2.curation.stages", "sapiens2.curation.clip", "sapiens2.curation.detector",
+    "sapiens2.curation.stages", "sapiens2.curation.clip_stages", "sapiens2.curation.detector",
     "sapiens2.curation.head_pose", "sapiens2.curation.ocr", "sapiens2.curation.safety",
 )
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from sapiens2.config_section import ConfigSection
 
 
-class ObjectiveConfig(BaseModel):
+class ObjectiveConfig(ConfigSection):
     """Hyper-parameters of L = mae_weight * L_MAE + cl_weight * L_CLS + ibot_weight * L_patch
     + koleo_weight * L_KoLeo (+ position_weight * L_position, an option the paper does not have).
 
@@ -26,8 +28,6 @@ class ObjectiveConfig(BaseModel):
     ``ema_momentum_start``, DINO's long-run value) and rises to ``ema_momentum_end`` on a cosine.
     A fixed 0.994 start on a 150-step run leaves the teacher at its initial weights.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     mask_ratio: float = Field(0.75, gt=0.0, lt=1.0)
     block_prob: float = Field(0.4, ge=0.0, le=1.0)

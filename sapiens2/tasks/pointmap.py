@@ -25,7 +25,7 @@ from sapiens2.tasks.angular import (
     summarize_angular,
 )
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
-from sapiens2.tasks.heads import PointmapHead
+from sapiens2.tasks.pointmap_head import PointmapHead
 from sapiens2.tasks.losses import cosine_distance, masked_l1, scale_invariant_log_loss
 from sapiens2.tasks.silhouette_depth import prior_on_grid
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from sapiens2.config_section import ConfigSection
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DeepSpeedSection(_Section):
+class DeepSpeedSection(ConfigSection):
     """How a step is parallelised: ZeRO stage, precision, batch split and gradient clipping."""
 
     zero_stage: Literal[1, 2, 3] = 2
@@ -31,7 +29,7 @@ class DeepSpeedSection(_Section):
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
 
 
-class OptimSection(_Section):
+class OptimSection(ConfigSection):
     """AdamW hyper-parameters and the per-step learning-rate schedule shape."""
 
     lr: float = Field(5e-4, gt=0, description="peak learning rate (after warmup)")
@@ -68,7 +66,7 @@ class FinetuneOptimSection(OptimSection):
         return round(self.backbone_frozen_fraction * steps)
 
 
-class CheckpointSection(_Section):
+class CheckpointSection(ConfigSection):
     """How often to checkpoint and how many checkpoints to keep on disk."""
 
     every_n_steps: int = Field(1000, ge=1)
