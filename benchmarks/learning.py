@@ -10,9 +10,9 @@ pretrained and the random backbone, the collapse verdict and the wall time of ea
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
 Dagster `training` pool runs them. With these defaults (position prediction with MAE reading its
 pass, 2800 pretraining steps, seg 2800 steps at 100 % labels, normal's backbone held for the first
-half) it took 41.8 minutes on an idle 2-core machine (commit 253e29c) and 62.5 on a slower one
-(commit 8ada6aa; `pretrain_calibration.py --threads 1` 1.70x the time of the machine the recipes
-were timed on); the work folder must be new or empty.
+half) it took 41.8 minutes on an idle 2-core machine (commit 253e29c) and 62.5 on another whose
+speed moved within the hour (commit 8ada6aa; README, learning benchmark); the work folder must be
+new or empty.
 """
 
 from __future__ import annotations
