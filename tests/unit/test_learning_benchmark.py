@@ -47,3 +47,39 @@ def test_normal_frozen_fraction_is_a_flag_and_the_config_refuses_a_full_freeze(l
     args = learning._parser().parse_args(["--pretrain-steps", "2800", "--normal-frozen-fraction", "1"])
     with pytest.raises(ValueError, match="task_optim.normal.*backbone_frozen_fraction"):
         load_config(learning._params(tmp_path, args))
+
+
+def _report(task: str, metric: str, higher: bool, pretrained: float, scratch: float) -> dict:
+    return {"task": task, "primary_metric": metric, "higher_is_better": higher,
+            "metrics": {metric: pretrained}, "scratch": {metric: scratch}}
+
+
+def test_pretrained_vs_scratch_counts_by_the_mean_over_seeds_and_the_metric_direction(learning) -> None:
+    # Two seeds: pose wins one draw by a little and loses one by more (the mean says scratch); the
+    # error metrics count lower as better.
+    draws = {
+        0: {"pose": (0.42, 0.40), "seg": (0.20, 0.19), "normal": (20.0, 21.0), "pointmap": (0.15, 0.13),
+            "albedo": (18.0, 18.0)},
+        1: {"pose": (0.38, 0.41), "seg": (0.21, 0.20), "normal": (20.5, 20.4), "pointmap": (0.15, 0.16),
+            "albedo": (18.0, 18.0)},
+    }
+    metric = {"pose": ("AP", True), "seg": ("mIoU", True), "normal": ("angular_error_mean", False),
+              "pointmap": ("canonical_l2_mean", False), "albedo": ("psnr", True)}
+    results = {f"labels_{learning._tag(0.1, seed)}": [_report(t, *metric[t], *draws[seed][t]) for t in draws[seed]]
+               for seed in draws}
+    assert set(results) == {"labels_0.1", "labels_0.1_seed1"}  # seed 0 keeps the earlier runs' layout
+
+    summary = learning._pretrained_vs_scratch(results, [0.1], [0, 1])["0.1"]
+    tasks = summary["tasks"]
+    assert tasks["pose"]["pretrained"] == [0.42, 0.38] and tasks["pose"]["seeds_pretrained_better"] == 1
+    assert not tasks["pose"]["pretrained_better_by_mean"]  # 0.40 against 0.405
+    assert tasks["seg"]["pretrained_better_by_mean"] and tasks["seg"]["seeds_pretrained_better"] == 2
+    assert tasks["normal"]["pretrained_better_by_mean"]  # 20.25 deg against 20.7: lower wins
+    assert tasks["pointmap"]["seeds_pretrained_better"] == 1 and not tasks["pointmap"]["pretrained_better_by_mean"]
+    assert not tasks["albedo"]["pretrained_better_by_mean"]  # a tie is not a win
+    assert summary["tasks_pretrained_better_by_mean"] == 2
+
+
+def test_seeds_are_a_flag_and_a_repeated_seed_is_refused(learning) -> None:
+    assert learning._parser().parse_args([]).seeds == [0]
+    assert learning._parser().parse_args(["--seeds", "0", "1", "2"]).seeds == [0, 1, 2]
