@@ -9,12 +9,8 @@ pretrained against scratch per task over the seeds, the probes of the pretrained
 backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
-Dagster `training` pool runs them. With these defaults (position prediction with MAE reading its
-pass, 2800 pretraining steps, seg 2800 steps at 100 % labels, normal's backbone held for the first
-half) it took 41.8 minutes on an idle 2-core machine (commit 253e29c) and 62.5 on another whose
-speed moved within the hour (commit 8ada6aa; README, learning benchmark); the 10 % fraction alone
-at three seeds (`--label-fractions 0.1 --seg-steps 700 --seeds 0 1 2`) took 66.0 min (992c029).
-The work folder must be new or empty.
+Dagster `training` pool runs them. The defaults took 41.8 and 62.5 min on 2 cores, the 10 % fraction
+alone at three seeds 66.0 (README, learning benchmark). The work folder must be new or empty.
 """
 
 from __future__ import annotations
@@ -100,8 +96,8 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
 
 
 def _tag(fraction: float, seed: int) -> str:
-    """Names one fine-tuning draw: its folder `labels_<tag>`, its results key and its timings.
-    Seed 0 has no suffix, so a one-seed run keeps the layout of the earlier runs."""
+    """One fine-tuning draw's folder `labels_<tag>`, results key and timing prefix; seed 0 has no
+    suffix, so a one-seed run keeps the earlier runs' layout."""
     return f"{fraction:g}" + (f"_seed{seed}" if seed else "")
 
 
@@ -185,13 +181,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="one per --label-fractions, or one for all")
     parser.add_argument("--pose-steps", type=int, default=500)
     parser.add_argument("--normal-steps", type=int, default=400)
-    # Normal's fine-tuning washes out a pretrained start (a backbone trained on normals with all the
-    # labels ties scratch), and its image-pyramid head carries most of the task (plain loop, 10 %
-    # labels, seeds 0-2: a frozen random backbone 21.21 deg, trained 21.00). Holding the backbone for
-    # the first half keeps what the pretrained one has and leaves scratch as it was on average:
-    # seeds 0-4, pretrained 20.88 vs scratch 21.16 (fully fine-tuned: 21.05 vs 21.13;
-    # transfer_screens.json, normal_backbone_freeze). One run is one draw: at 253e29c scratch got
-    # 20.68 with it against 20.31 fully fine-tuned at a5d6a7c (README).
+    # Normal's fine-tuning washes out a pretrained start and its image-pyramid head carries most of
+    # the task; holding the backbone for the first half keeps what the pretrained one has and leaves
+    # scratch as it was on average (plain loop, 10 % labels, seeds 0-4: pretrained 20.88 vs scratch
+    # 21.16 deg, fully fine-tuned 21.05 vs 21.13; transfer_screens.json, normal_backbone_freeze).
     parser.add_argument("--normal-frozen-fraction", type=float, default=0.5,
                         help="normal's finetune.optim.backbone_frozen_fraction (both starts)")
     parser.add_argument("--albedo-steps", type=int, default=400)
