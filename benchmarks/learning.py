@@ -29,6 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from pipelines.common.eval_report import improvement  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
 # Masked position prediction: the objective that measured as helping at this scale
@@ -113,15 +115,14 @@ def _pretrained_vs_scratch(results: dict, fractions: list[float], seeds: list[in
             metric, higher = first["primary_metric"], first["higher_is_better"]
             pretrained = [d[task]["metrics"][metric] for d in draws]
             scratch = [d[task]["scratch"][metric] for d in draws]
-            sign = 1.0 if higher else -1.0
+            pretrained_mean, scratch_mean = sum(pretrained) / len(seeds), sum(scratch) / len(seeds)
             tasks[task] = {
                 "metric": metric, "higher_is_better": higher, "seeds": seeds,
                 "pretrained": pretrained, "scratch": scratch,
-                "pretrained_mean": sum(pretrained) / len(seeds), "scratch_mean": sum(scratch) / len(seeds),
-                "seeds_pretrained_better": sum(sign * (p - s) > 0 for p, s in zip(pretrained, scratch)),
+                "pretrained_mean": pretrained_mean, "scratch_mean": scratch_mean,
+                "seeds_pretrained_better": sum(improvement(p, s, higher) > 0 for p, s in zip(pretrained, scratch)),
+                "pretrained_better_by_mean": improvement(pretrained_mean, scratch_mean, higher) > 0,
             }
-            tasks[task]["pretrained_better_by_mean"] = (
-                sign * (tasks[task]["pretrained_mean"] - tasks[task]["scratch_mean"]) > 0)
         wins = sum(t["pretrained_better_by_mean"] for t in tasks.values())
         summary[f"{fraction:g}"] = {"tasks": tasks, "tasks_pretrained_better_by_mean": wins}
     return summary

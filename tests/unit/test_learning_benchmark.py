@@ -80,6 +80,11 @@ def test_pretrained_vs_scratch_counts_by_the_mean_over_seeds_and_the_metric_dire
     assert summary["tasks_pretrained_better_by_mean"] == 2
 
 
-def test_seeds_are_a_flag_and_a_repeated_seed_is_refused(learning) -> None:
+def test_seeds_are_a_flag_and_a_repeated_seed_is_refused(learning, monkeypatch, tmp_path: Path) -> None:
     assert learning._parser().parse_args([]).seeds == [0]
     assert learning._parser().parse_args(["--seeds", "0", "1", "2"]).seeds == [0, 1, 2]
+    work = tmp_path / "work"
+    monkeypatch.setattr("sys.argv", ["learning.py", "--work", str(work), "--seeds", "1", "1"])
+    with pytest.raises(SystemExit):
+        learning.main()
+    assert not work.exists()  # refused before any work starts
