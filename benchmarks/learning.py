@@ -80,7 +80,7 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["synth"]["n_people"] = args.people
     params["pretrain"]["steps"] = args.pretrain_steps
-    params["pretrain"]["objective"].update(OBJECTIVES[args.objective][0])
+    params["pretrain"]["objective"].update(OBJECTIVES[args.objective][0], mae_target=args.mae_target)
     if args.objective != "paper":
         params["pretrain"]["deepspeed"]["micro_batch_size"] = 16  # 32 images, 64 global crops a step
     params["finetune"]["steps"] = args.finetune_steps
@@ -166,6 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="position-mae",
                         help="pretraining objective: position prediction alone (POSITION_ONLY), with MAE reading "
                              "its pass, or params.yaml's MAE + self-distillation")
+    parser.add_argument("--mae-target", choices=("normalized", "pixels"), default="normalized",
+                        help="pretrain.objective.mae_target: per-patch normalised pixels or the pixels as they are")
     # Position prediction's transfer grows with steps (screen, pose at 10 % labels, 3 seeds: below
     # scratch after 1000, +0.016 after 3000, +0.054 after 6000); 2800 steps (13 min with MAE on its
     # pass, 9 alone) is what the 45 minutes leave. The paper objective ran 1200 steps of 16 images

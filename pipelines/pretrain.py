@@ -123,7 +123,7 @@ def train(config: PlatformConfig, curated_dir: Path, output_dir: Path, lineage: 
             recon.unlink(missing_ok=True)  # an earlier run's, or an untrained decoder's, says nothing
             if obj.mae_weight > 0:
                 view = recipe.reconstruction_view(6, torch.Generator().manual_seed(0))
-                pictures.append(mae_reconstruction_png(trained, images[:6], view, recon))
+                pictures.append(mae_reconstruction_png(trained, images[:6], view, recon, obj.mae_target))
             tracker.log_artifacts([*pictures, output_dir / "backbone.json", output_dir / "config.yaml"])
             probe_metrics = {f"probe.{name}.{key}": value for name, result in probes.items() for key, value in result.items()}
             tracker.log_metrics({**{k: v for k, v in summary.items() if isinstance(v, float)}, **probe_metrics, **speed},

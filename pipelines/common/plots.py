@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from sapiens2.data.normalize import normalize  # noqa: E402
+from sapiens2.data.normalize import IMAGE_MEAN, IMAGE_STD, normalize  # noqa: E402
 from sapiens2.pretrain.mae import patchify, unpatchify  # noqa: E402
 
 
@@ -70,13 +70,15 @@ def _to_uint8(pixels: torch.Tensor) -> np.ndarray:
 
 @torch.no_grad()
 def mae_reconstruction_png(
-    student: torch.nn.Module, images: np.ndarray, view: tuple[torch.Tensor, torch.Tensor, bool], path: Path
+    student: torch.nn.Module, images: np.ndarray, view: tuple[torch.Tensor, torch.Tensor, bool], path: Path,
+    target: str = "normalized",
 ) -> Path:
     """Original | masked input | reconstruction (predicted patches pasted into the visible ones).
 
     ``view`` is the recipe's ``reconstruction_view``: the visible and hidden cells and whether the
     encoder sees positions (the masked view does, the position branch's pass does not).
-    Predictions are normalised-pixel patches; each is shown with its original patch's mean and std.
+    ``target`` is the objective's ``mae_target``: "normalized" predictions are shown with their
+    original patch's mean and std, "pixels" ones through the dataset mean and std.
     """
     student.eval()
     keep, masked, positions = view
@@ -91,7 +93,14 @@ def mae_reconstruction_png(
     mean, std = patches.mean(-1, keepdim=True), patches.std(-1, keepdim=True, unbiased=False)
     index = masked[..., None].expand(-1, -1, patches.shape[-1])
     recon = patches.clone()
-    recon.scatter_(1, index, pred * std.gather(1, masked[..., None]) + mean.gather(1, masked[..., None]))
+    if target == "pixels":
+        def per_channel(values: tuple[float, ...]) -> torch.Tensor:  # one patch's (D,) layout of a per-channel value
+            return patchify(torch.ones_like(pixels[:1]) * pixels.new_tensor(values).view(1, 3, 1, 1), patch)[0, 0]
+
+        restored = pred * per_channel(IMAGE_STD) + per_channel(IMAGE_MEAN)
+    else:
+        restored = pred * std.gather(1, masked[..., None]) + mean.gather(1, masked[..., None])
+    recon.scatter_(1, index, restored)
     hidden = patches.clone()
     hidden.scatter_(1, index, torch.full_like(pred, 127.0))
     rows = [

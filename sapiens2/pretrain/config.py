@@ -40,6 +40,10 @@ class ObjectiveConfig(ConfigSection):
         0.0, ge=0.0, description="weight of the masked position-prediction loss (0 = off; sapiens2.pretrain.position)"
     )
     position_keep_ratio: float = Field(0.5, gt=0.0, le=1.0, description="share of patches the position branch sees")
+    mae_target: Literal["normalized", "pixels"] = Field(
+        "normalized", description="MAE targets: each patch normalised to zero mean and unit variance (MAE's "
+        "norm_pix_loss), or the (dataset-normalised) input pixels, keeping patch brightness and contrast",
+    )
     mae_view: Literal["masked", "position"] = Field(
         "masked", description="the encoder pass the MAE decoder reads: the masked view (the paper's), or the "
         "position branch's pass, reconstructing the patches it did not see (one encoder pass for both terms)",

@@ -117,13 +117,16 @@ class MAEDecoder(nn.Module):
 
 
 def mae_loss(
-    pred: torch.Tensor, images: torch.Tensor, mask_idx: torch.Tensor, patch_size: int
+    pred: torch.Tensor, images: torch.Tensor, mask_idx: torch.Tensor, patch_size: int, target: str = "normalized"
 ) -> torch.Tensor:
-    """Mean squared error on the masked patches only, against normalised-pixel targets.
+    """Mean squared error on the masked patches only, against `target` pixels: "normalized" per
+    patch (MAE's choice), or the input's "pixels" as they are, whose patch brightness and contrast
+    carry the shading an albedo or normal head reads and a per-patch normalisation discards.
 
     Targets are computed in float32 so that per-patch statistics stay exact under bf16 training.
     """
-    target = normalized_pixel_targets(patchify(images.float(), patch_size))
+    patches = patchify(images.float(), patch_size)
+    target = normalized_pixel_targets(patches) if target == "normalized" else patches
     target = target.gather(1, mask_idx[..., None].expand(-1, -1, target.shape[-1]))
     return F.mse_loss(pred.float(), target)
 

@@ -121,7 +121,8 @@ class PretrainStudent(nn.Module):
         zero = student["images"].new_zeros((), dtype=torch.float32)
         loss_mae = loss_cl = loss_ibot = loss_koleo = loss_position = zero
         if cfg.mae_weight > 0:
-            loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mae_idx"], self.backbone.patch_size)
+            loss_mae = mae_loss(student["pixel_pred"], student["images"], student["mae_idx"], self.backbone.patch_size,
+                                cfg.mae_target)
         if cfg.cl_weight > 0:
             probs = teacher["cls_probs"]
             terms = [dino_cross_entropy(logits, p, cfg.student_temp)

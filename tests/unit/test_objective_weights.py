@@ -8,7 +8,9 @@ import torch
 from pydantic import ValidationError
 
 from sapiens2.pretrain.config import ObjectiveConfig
-from sapiens2.pretrain.mae import mae_loss
+from pipelines.common import plots
+from sapiens2.data.normalize import normalize
+from sapiens2.pretrain.mae import mae_loss, patchify
 from sapiens2.pretrain.meta_arch import MONITOR_KEYS
 from sapiens2.pretrain.teacher import build_teacher, teacher_output
 from sapiens2.pretrain.position import draw_position_idx
@@ -111,6 +113,11 @@ def test_mae_on_the_position_pass_reconstructs_the_cells_that_pass_left_out():
     losses["loss"].backward()
     assert all(p.grad is not None for p in student.mae_decoder.parameters())
     assert all(p.grad is None for p in student.dino_head.parameters())
+    # mae_target reaches the loss: the same predictions scored against the pixels as they are.
+    student.cfg = student.cfg.model_copy(update={"mae_target": "pixels"})
+    pixels = student.losses(out, None)
+    torch.testing.assert_close(pixels["loss_mae"], mae_loss(out["pixel_pred"], images, hidden, 16, "pixels"))
+    assert not torch.allclose(pixels["loss_mae"], losses["loss_mae"])
 
 
 def test_the_reconstruction_picture_follows_the_view_the_decoder_trained_on():
@@ -123,6 +130,32 @@ def test_the_reconstruction_picture_follows_the_view_the_decoder_trained_on():
         assert with_positions is positions
         assert (torch.cat([keep, hidden], 1).sort(1).values == torch.arange(GRID_CELLS)).all()
     assert hidden.shape[1] == GRID_CELLS - round(0.5 * GRID_CELLS)  # the position branch's keep ratio
+
+
+class _PixelOracle(torch.nn.Module):
+    """An MAE decoder that predicts the hidden patches' exact "pixels" target."""
+
+    def __init__(self, patches: torch.Tensor) -> None:
+        super().__init__()
+        self.patches = patches
+
+    def forward(self, tokens, keep, masked, grid):
+        return self.patches.gather(1, masked[..., None].expand(-1, -1, self.patches.shape[-1]))
+
+
+def test_the_reconstruction_picture_shows_pixel_targets_as_pixels(monkeypatch, tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (2, *GLOBAL, 3), dtype=np.uint8)
+    student = make_student(**{**POSITION_ONLY, "mae_weight": 1.0, "mae_view": "position", "mae_target": "pixels"})
+    pixels = torch.as_tensor(images).permute(0, 3, 1, 2).float()
+    student.mae_decoder = _PixelOracle(patchify(normalize(pixels), 16))
+    shown = {}
+    monkeypatch.setattr(plots, "image_grid_png", lambda rows, path, **kw: shown.setdefault("rows", rows) and path)
+    recipe = PretrainRecipe(RecordingEngine(student, []), build_teacher(student), student.cfg, images, GLOBAL, 2, 10)
+    view = recipe.reconstruction_view(2, torch.Generator().manual_seed(0))
+    plots.mae_reconstruction_png(student, images, view, tmp_path / "recon.png", "pixels")
+    for original, hidden, reconstruction in shown["rows"]:
+        assert not np.array_equal(hidden, original)
+        assert np.abs(reconstruction.astype(int) - original.astype(int)).max() <= 1  # uint8 rounding
 
 
 def test_mae_on_the_position_pass_needs_that_pass():

@@ -384,3 +384,16 @@ def test_student_and_ema_update_under_zero3(tmp_path: Path):
     result = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert "ZERO3_OK" in result.stdout, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_pixel_targets_keep_the_patch_brightness_normalised_targets_drop():
+    images = torch.randn(2, 3, 32, 32) * 0.5 + 1.0  # patches far from zero mean, unit variance
+    mask_idx = torch.tensor([[0, 3], [1, 2]])
+    raw = patchify(images, 16).gather(1, mask_idx[..., None].expand(-1, -1, 768))
+    assert mae_loss(raw, images, mask_idx, 16, target="pixels").item() < 1e-10
+    assert mae_loss(raw, images, mask_idx, 16).item() > 0.1  # the default scores normalised patches
+    brighter = images.clone()
+    brighter[0, :, :16, :16] += 2.0  # masked patch 0 of sample 0, one level brighter
+    normalized = normalized_pixel_targets(patchify(images, 16)).gather(1, mask_idx[..., None].expand(-1, -1, 768))
+    assert mae_loss(normalized, brighter, mask_idx, 16).item() < 1e-10  # blind to the shift
+    assert mae_loss(raw, brighter, mask_idx, 16, target="pixels").item() > 0.5
