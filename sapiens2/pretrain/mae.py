@@ -126,9 +126,9 @@ def mae_loss(
     Targets are computed in float32 so that per-patch statistics stay exact under bf16 training.
     """
     patches = patchify(images.float(), patch_size)
-    target = normalized_pixel_targets(patches) if target == "normalized" else patches
-    target = target.gather(1, mask_idx[..., None].expand(-1, -1, target.shape[-1]))
-    return F.mse_loss(pred.float(), target)
+    targets = normalized_pixel_targets(patches) if target == "normalized" else patches
+    targets = targets.gather(1, mask_idx[..., None].expand(-1, -1, targets.shape[-1]))
+    return F.mse_loss(pred.float(), targets)
 
 
 def _init_weights(module: nn.Module) -> None:

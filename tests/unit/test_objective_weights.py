@@ -7,8 +7,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from sapiens2.pretrain.config import ObjectiveConfig
 from pipelines.common import plots
+from sapiens2.pretrain.config import ObjectiveConfig
 from sapiens2.data.normalize import normalize
 from sapiens2.pretrain.mae import mae_loss, patchify
 from sapiens2.pretrain.meta_arch import MONITOR_KEYS

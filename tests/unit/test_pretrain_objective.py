@@ -393,7 +393,7 @@ def test_pixel_targets_keep_the_patch_brightness_normalised_targets_drop():
     assert mae_loss(raw, images, mask_idx, 16, target="pixels").item() < 1e-10
     assert mae_loss(raw, images, mask_idx, 16).item() > 0.1  # the default scores normalised patches
     brighter = images.clone()
-    brighter[0, :, :16, :16] += 2.0  # masked patch 0 of sample 0, one level brighter
+    brighter[0, :, :16, :16] += 2.0  # masked patch 0 of sample 0, brighter by two std
     normalized = normalized_pixel_targets(patchify(images, 16)).gather(1, mask_idx[..., None].expand(-1, -1, 768))
     assert mae_loss(normalized, brighter, mask_idx, 16).item() < 1e-10  # blind to the shift
     assert mae_loss(raw, brighter, mask_idx, 16, target="pixels").item() > 0.5
