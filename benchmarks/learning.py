@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import matplotlib
 
@@ -30,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from pipelines.common.eval_report import improvement  # noqa: E402
+from sapiens2.pretrain.config import MaeTarget  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("pose", "seg", "normal", "pointmap", "albedo")
@@ -166,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="position-mae",
                         help="pretraining objective: position prediction alone (POSITION_ONLY), with MAE reading "
                              "its pass, or params.yaml's MAE + self-distillation")
-    parser.add_argument("--mae-target", choices=("normalized", "pixels"), default="normalized",
+    parser.add_argument("--mae-target", choices=get_args(MaeTarget), default="normalized",
                         help="pretrain.objective.mae_target: per-patch normalised pixels or the pixels as they are")
     # Position prediction's transfer grows with steps (screen, pose at 10 % labels, 3 seeds: below
     # scratch after 1000, +0.016 after 3000, +0.054 after 6000); 2800 steps (13 min with MAE on its

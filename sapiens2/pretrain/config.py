@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from sapiens2.config_section import ConfigSection
 
+# What the MAE reconstruction is scored against (`mae_loss`'s `target`).
+MaeTarget = Literal["normalized", "pixels"]
+
 
 class ObjectiveConfig(ConfigSection):
     """Hyper-parameters of L = mae_weight * L_MAE + cl_weight * L_CLS + ibot_weight * L_patch
@@ -40,7 +43,7 @@ class ObjectiveConfig(ConfigSection):
         0.0, ge=0.0, description="weight of the masked position-prediction loss (0 = off; sapiens2.pretrain.position)"
     )
     position_keep_ratio: float = Field(0.5, gt=0.0, le=1.0, description="share of patches the position branch sees")
-    mae_target: Literal["normalized", "pixels"] = Field(
+    mae_target: MaeTarget = Field(
         "normalized", description="MAE targets: each patch normalised to zero mean and unit variance (MAE's "
         "norm_pix_loss), or the (dataset-normalised) input pixels, keeping patch brightness and contrast",
     )
