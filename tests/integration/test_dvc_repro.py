@@ -103,11 +103,16 @@ def test_dvc_repro_trains_with_the_bytes_the_dagster_assets_write(tmp_path: Path
         # test's 2 threads, idle and under load) all gave one result. Both routes launch the
         # differing stages once more: equal bytes then mean a launch's arithmetic, not the route,
         # differed, and the warning keeps the finding in the log.
+        first_dvc, first_dagster = _locked_md5(repro), _locked_md5(dagster)
         parted = _where_histories_part(repro, dagster, differ)
         _relaunch(repro, dagster, differ, instance)
         again = _differing(repro, dagster, outs)
         if not again:
-            warnings.warn(f"first launches differed in the last bits, relaunches matched: {parted}")
+            now = _locked_md5(repro)
+            odd = {out: "DVC" if now[out] == first_dagster[out] else "Dagster" if now[out] == first_dvc[out] else "both"
+                   for out in differ}
+            warnings.warn(f"first launches differed in the last bits ({parted}); the relaunches matched; "
+                          f"the first launch that differs from them: {odd}")
         differ = again
     # Each training launch logs the kernels torch chose for it: a launch whose process saw other
     # CPU features computes other last bits, and the message says which launch that was.
