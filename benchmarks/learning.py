@@ -10,7 +10,8 @@ backbone, the collapse verdict and the wall time of each stage; writes
 `learning_curves.png` (the fine-tuning losses, pretrained vs scratch, and the pretraining curves)
 into the work folder. Each task's two fine-tunings run side by side on one core each, as the
 Dagster `training` pool runs them. The defaults took 41.8 and 62.5 min on 2 cores, the 10 % fraction
-alone at three seeds 66.0 (README, learning benchmark). The work folder must be new or empty.
+alone at three seeds 66.0 (README, learning benchmark). The work folder must be new or empty;
+`--pretraining-from` fine-tunes on an earlier run's data and pretraining instead of making them.
 """
 
 from __future__ import annotations
@@ -97,6 +98,27 @@ def _params(work: Path, args: argparse.Namespace) -> Path:
     path = work / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
+
+
+# The params.yaml sections that make the data and the pretraining; fine-tuning reads the rest.
+UPSTREAM = ("image_size", "raw_source", "synth", "curation", "pretrain")
+
+
+def _reuse_pretraining(source: Path, work: Path, params: Path) -> None:
+    """Link `source`'s data and pretraining into `work` (an earlier run of this benchmark with the
+    same upstream settings), so a fine-tuning question costs no new 17-minute pretraining."""
+    theirs_path = source / "params.yaml"
+    if not (source / "models" / "pretrain" / "backbone.safetensors").is_file() or not theirs_path.is_file():
+        raise SystemExit(f"--pretraining-from {source}: no finished pretraining there "
+                         "(params.yaml and models/pretrain/backbone.safetensors)")
+    mine, theirs = yaml.safe_load(params.read_text()), yaml.safe_load(theirs_path.read_text())
+    differ = [key for key in UPSTREAM if mine.get(key) != theirs.get(key)]
+    if differ:
+        raise SystemExit(f"--pretraining-from {source}: {theirs_path} differs from this run's settings in "
+                         f"{', '.join(differ)}; its data and pretraining are not this run's")
+    (work / "models").mkdir()
+    (work / "data").symlink_to(source / "data", target_is_directory=True)
+    (work / "models" / "pretrain").symlink_to(source / "models" / "pretrain", target_is_directory=True)
 
 
 def _tag(fraction: float, seed: int) -> str:
@@ -196,6 +218,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
     # One draw is one sample of a chaotic run: the kernel set alone moved scratch pose at 10 % labels
     # from 0.402 (AVX-512) to 0.419-0.423 AP (AVX2), and seed 1 gave 0.387 (README, learning benchmark).
+    parser.add_argument("--pretraining-from", type=Path, metavar="WORK",
+                        help="an earlier run's work folder whose data and pretraining to reuse (same synth, "
+                             "curation and pretraining settings, checked); total_seconds leaves them out")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="fine-tuning seeds (finetune.seed: the labelled subset, the head's init, the batch "
                              "order); every fraction runs every task from both starts at each")
@@ -223,13 +248,17 @@ def main() -> None:
     curated, pretrained = work / "data" / "curated", work / "models" / "pretrain"
     config = ["--config", str(params)]
     started = time.perf_counter()
-    seconds = {
-        "synth": _run(["synth", "--output", str(work / "data" / "raw"), *config], env, work / "synth.log"),
-        "curate": _run(["curate", "--input", str(work / "data" / "raw"), "--output", str(curated), *config],
-                       env, work / "curate.log"),
-        "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
-                         work / "pretrain.log"),
-    }
+    if args.pretraining_from:
+        _reuse_pretraining(args.pretraining_from.resolve(), work, params)
+        seconds = {}
+    else:
+        seconds = {
+            "synth": _run(["synth", "--output", str(work / "data" / "raw"), *config], env, work / "synth.log"),
+            "curate": _run(["curate", "--input", str(work / "data" / "raw"), "--output", str(curated), *config],
+                           env, work / "curate.log"),
+            "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
+                             work / "pretrain.log"),
+        }
     results: dict = {"settings": vars(args) | {"work": str(work)}, "seconds": seconds}
     for fraction in args.label_fractions:
         for seed in args.seeds:

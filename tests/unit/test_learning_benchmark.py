@@ -88,3 +88,27 @@ def test_seeds_are_a_flag_and_a_repeated_seed_is_refused(learning, monkeypatch, 
     with pytest.raises(SystemExit):
         learning.main()
     assert not work.exists()  # refused before any work starts
+
+
+def test_a_run_reuses_an_earlier_runs_pretraining_only_with_its_upstream_settings(learning, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "models" / "pretrain").mkdir(parents=True)
+    (source / "data" / "curated").mkdir(parents=True)
+    args = learning._parser().parse_args(["--pretrain-steps", "2800"])
+    learning._params(source, args)
+    work = tmp_path / "work"
+    work.mkdir()
+    params = learning._params(work, learning._parser().parse_args(["--pretrain-steps", "2800", "--pose-steps", "9"]))
+
+    with pytest.raises(SystemExit, match="no finished pretraining"):
+        learning._reuse_pretraining(source, work, params)
+    (source / "models" / "pretrain" / "backbone.safetensors").write_bytes(b"weights")
+    # Fine-tuning settings may differ (pose steps above); the pretraining's may not.
+    longer = learning._params(tmp_path, learning._parser().parse_args(["--pretrain-steps", "5600"]))
+    with pytest.raises(SystemExit, match=r"params.yaml differs from this run's settings in pretrain;"):
+        learning._reuse_pretraining(source, work, longer)
+    assert not (work / "models").exists() and not (work / "data").exists()
+
+    learning._reuse_pretraining(source, work, params)
+    assert (work / "models" / "pretrain" / "backbone.safetensors").read_bytes() == b"weights"
+    assert (work / "data" / "curated").is_dir()
