@@ -121,6 +121,15 @@ def _reuse_pretraining(source: Path, work: Path, params: Path) -> None:
     (work / "models" / "pretrain").symlink_to(source / "models" / "pretrain", target_is_directory=True)
 
 
+def _create_tracking_store(uri: str) -> None:
+    """Create the embedded MLflow store's tables now: two fine-tunings opening a new sqlite store at
+    once race in its schema migration ("duplicate column name"), and with `--pretraining-from` no
+    step runs before the first pair."""
+    import mlflow  # only here: the benchmark's own process tracks nothing else
+
+    mlflow.MlflowClient(uri).search_experiments()
+
+
 def _tag(fraction: float, seed: int) -> str:
     """One fine-tuning draw's folder `labels_<tag>`, results key and timing prefix; seed 0 has no
     suffix, so a one-seed run keeps the earlier runs' layout."""
@@ -216,11 +225,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="normal's finetune.optim.backbone_frozen_fraction (both starts)")
     parser.add_argument("--albedo-steps", type=int, default=400)
     parser.add_argument("--label-fractions", type=float, nargs="+", default=[0.1, 1.0])
-    # One draw is one sample of a chaotic run: the kernel set alone moved scratch pose at 10 % labels
-    # from 0.402 (AVX-512) to 0.419-0.423 AP (AVX2), and seed 1 gave 0.387 (README, learning benchmark).
     parser.add_argument("--pretraining-from", type=Path, metavar="WORK",
                         help="an earlier run's work folder whose data and pretraining to reuse (same synth, "
                              "curation and pretraining settings, checked); total_seconds leaves them out")
+    # One draw is one sample of a chaotic run: the kernel set alone moved scratch pose at 10 % labels
+    # from 0.402 (AVX-512) to 0.419-0.423 AP (AVX2), and seed 1 gave 0.387 (README, learning benchmark).
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="fine-tuning seeds (finetune.seed: the labelled subset, the head's init, the batch "
                              "order); every fraction runs every task from both starts at each")
@@ -248,8 +257,9 @@ def main() -> None:
     curated, pretrained = work / "data" / "curated", work / "models" / "pretrain"
     config = ["--config", str(params)]
     started = time.perf_counter()
-    if args.pretraining_from:
-        _reuse_pretraining(args.pretraining_from.resolve(), work, params)
+    reused = args.pretraining_from.resolve() if args.pretraining_from else None
+    if reused:
+        _reuse_pretraining(reused, work, params)
         seconds = {}
     else:
         seconds = {
@@ -259,7 +269,9 @@ def main() -> None:
             "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
                              work / "pretrain.log"),
         }
-    results: dict = {"settings": vars(args) | {"work": str(work)}, "seconds": seconds}
+    _create_tracking_store(env["MLFLOW_TRACKING_URI"])  # before the first pair of fine-tunings
+    settings = vars(args) | {"work": str(work), "pretraining_from": reused and str(reused)}
+    results: dict = {"settings": settings, "seconds": seconds}
     for fraction in args.label_fractions:
         for seed in args.seeds:
             tag = _tag(fraction, seed)
