@@ -121,15 +121,6 @@ def _reuse_pretraining(source: Path, work: Path, params: Path) -> None:
     (work / "models" / "pretrain").symlink_to(source / "models" / "pretrain", target_is_directory=True)
 
 
-def _create_tracking_store(uri: str) -> None:
-    """Create the embedded MLflow store's tables now: two fine-tunings opening a new sqlite store at
-    once race in its schema migration ("duplicate column name"), and with `--pretraining-from` no
-    step runs before the first pair."""
-    import mlflow  # only here: the benchmark's own process tracks nothing else
-
-    mlflow.MlflowClient(uri).search_experiments()
-
-
 def _tag(fraction: float, seed: int) -> str:
     """One fine-tuning draw's folder `labels_<tag>`, results key and timing prefix; seed 0 has no
     suffix, so a one-seed run keeps the earlier runs' layout."""
@@ -269,7 +260,6 @@ def main() -> None:
             "pretrain": _run(["pretrain", "--curated", str(curated), "--output", str(pretrained), *config], env,
                              work / "pretrain.log"),
         }
-    _create_tracking_store(env["MLFLOW_TRACKING_URI"])  # before the first pair of fine-tunings
     settings = vars(args) | {"work": str(work), "pretraining_from": reused and str(reused)}
     results: dict = {"settings": settings, "seconds": seconds}
     for fraction in args.label_fractions:

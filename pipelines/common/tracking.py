@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
+from filelock import FileLock
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 
@@ -66,6 +67,19 @@ def require_server(uri: str, timeout_s: float = 10.0) -> None:
         raise TrackingServerUnavailable(f"MLflow tracking server {uri} is not healthy: GET /health -> {status}")
 
 
+def create_embedded_store(uri: str) -> None:
+    """Create a SQLite store's tables now, one process at a time: the first client of a new store
+    runs its schema migration, and two steps opening the same new store at once (two fine-tunings
+    launched together on a fresh workspace) race in it and one dies ("duplicate column name").
+    Tracking servers and existing stores pass through at the cost of one query."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{db}.lock"):
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)
+
+
 def _is_embedded(uri: str) -> bool:
     return uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri
 
@@ -102,7 +116,9 @@ def start_stage_run(stage: str, run_name: str, tags: Mapping[str, str] | None = 
     memory, GPU) are sampled when psutil is installed.
     """
     if workspace_root is not None:
-        mlflow.set_tracking_uri(tracking_uri_for(workspace_root))
+        uri = tracking_uri_for(workspace_root)
+        create_embedded_store(uri)
+        mlflow.set_tracking_uri(uri)
     experiment_id = ensure_experiment(stage, workspace_root)
     all_tags = {"stage": stage, **{k: str(v) for k, v in (tags or {}).items()}}
     system_metrics = importlib.util.find_spec("psutil") is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 from pathlib import Path
 
@@ -53,6 +54,29 @@ def test_stage_run_logs_config_and_tags(tmp_path: Path) -> None:
     assert set(tags) == {"dagster_run_id", "dvc.data_md5", "dvc.backbone_md5", "git_commit", "config_sha"}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.json" in artifacts
+
+
+def _open_stage_run(workspace: Path, name: str, start: multiprocessing.synchronize.Barrier) -> None:
+    start.wait()
+    with start_stage_run("finetune", name, workspace_root=workspace):
+        pass
+
+
+def test_steps_opening_a_new_store_at_once_all_run(tmp_path: Path) -> None:
+    """Three processes opening a run on a store nobody has created yet, released together: without
+    the lock around its creation, two or three of them died in the schema migration in each of 5
+    tries."""
+    spawn = multiprocessing.get_context("spawn")
+    start = spawn.Barrier(3)
+    steps = [spawn.Process(target=_open_stage_run, args=(tmp_path, f"step-{i}", start)) for i in range(3)]
+    for step in steps:
+        step.start()
+    for step in steps:
+        step.join(timeout=120)
+    assert [step.exitcode for step in steps] == [0, 0, 0]
+    experiment = MlflowClient(tracking_uri_for(tmp_path)).get_experiment_by_name("sapiens2/finetune")
+    runs = MlflowClient(tracking_uri_for(tmp_path)).search_runs([experiment.experiment_id])
+    assert sorted(run.info.run_name for run in runs) == ["step-0", "step-1", "step-2"]
 
 
 def test_config_sha_is_order_independent() -> None:
