@@ -26,6 +26,7 @@ import torch
 from pipelines.common.config import TASK_NAMES, PlatformConfig, load_config
 from pipelines.common.eval_report import REPORT_TAG, TaskEvaluation, markdown_table, report_sha256
 from pipelines.common.task_models import initial_model, recorded_backbone
+from pipelines.common.launch import intra_op_threads, threads_per_rank
 from pipelines.common.lineage import Lineage, RankZeroTracker, model_sha256
 from pipelines.common.plots import image_grid_png
 from pipelines.common.serving import load_task_model
@@ -148,7 +149,10 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
     height, width = config.image_size
     sid = split_id(CuratedDataset(curated_dir, "val", height, width, tasks=()))
     results, grids = [], []
-    with RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
+    # Evaluation runs in Dagster's step process and as its own CLI process: the same thread count
+    # either way (every core, or $OMP_NUM_THREADS), so both routes write the same report bytes.
+    with intra_op_threads(threads_per_rank(1, slots=1)), \
+            RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
         for name in TASK_NAMES:
             print(f"[evaluate] {name} ...", flush=True)
             result, grid = evaluate_task(config, name, curated_dir, models_root / name, output_dir,

@@ -41,14 +41,30 @@ def training_slots() -> int:
     return int(value)
 
 
-def threads_per_rank(local_ranks: int) -> int:
+def threads_per_rank(local_ranks: int, slots: int | None = None) -> int:
     """Intra-op threads of each rank: `$OMP_NUM_THREADS` when set, else the cores split over this
-    node's ranks and training slots. The CLI, `dvc repro` and Dagster compute the same count, and
-    they must: a thread count changes a run's floating-point sums, hence its bytes."""
+    node's ranks and `slots` programs at once (default: the training slots). The CLI, `dvc repro`
+    and Dagster compute the same count, and they must: a thread count changes a run's
+    floating-point sums, hence its bytes."""
     chosen = os.environ.get("OMP_NUM_THREADS")
     if chosen:
         return int(chosen)
-    return max(1, (os.cpu_count() or 1) // (local_ranks * training_slots()))
+    return max(1, (os.cpu_count() or 1) // (local_ranks * (slots or training_slots())))
+
+
+@contextlib.contextmanager
+def intra_op_threads(count: int) -> Iterator[None]:
+    """Run the block at `count` intra-op threads, then restore the caller's: a step that runs inside
+    another process (a Dagster asset in its step process, a test) computes at the count its own
+    process would, whatever that process had set."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -83,14 +99,8 @@ def run_ranks(module: str, world_size: int, args: list[str], nodes: Nodes = Node
     if world_size % nodes.count:
         raise ValueError(f"world_size {world_size} does not split evenly over {nodes.count} nodes")
     if world_size == 1:
-        import torch
-
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads_per_rank(1))
-        try:
+        with intra_op_threads(threads_per_rank(1)):
             return importlib.import_module(module).main(args)
-        finally:
-            torch.set_num_threads(before)
     local_ranks = world_size // nodes.count
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank(local_ranks)))
     return subprocess.run(torchrun_command(module, local_ranks, args, nodes), env=env).returncode
