@@ -78,10 +78,11 @@ def test_dvc_repro_trains_with_the_bytes_the_dagster_assets_write(tmp_path: Path
     """Pretraining (2 ranks), the ten fine-tunes and evaluation: the same md5 per stage output
     either way (the report names the weights it scored, not the MLflow run that logged it).
 
-    Every training launch runs one intra-op thread: at two, a launch's last bits are not
-    reproducible even on one route (benchmarks/thread_determinism.py: the same pose fine-tune
-    launched again gives other bytes now and then), so a difference would not say which route."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by every launch's threads_per_rank, either route
+    Every training launch and the evaluation run at one intra-op thread: at two, a launch's last
+    bits do not always repeat even on one route (benchmarks/thread_determinism.py: the same pose
+    fine-tune launched again gives other bytes now and then), so a difference would not say which
+    route it came from."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by threads_per_rank on either route
     repro = make_workspace(tmp_path / "repro", TRAINING)
     proc = _repro(repro, "evaluate")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
