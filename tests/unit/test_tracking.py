@@ -74,8 +74,8 @@ def test_steps_opening_a_new_store_at_once_all_run(tmp_path: Path) -> None:
     for step in steps:
         step.join(timeout=120)
     assert [step.exitcode for step in steps] == [0, 0, 0]
-    experiment = MlflowClient(tracking_uri_for(tmp_path)).get_experiment_by_name("sapiens2/finetune")
-    runs = MlflowClient(tracking_uri_for(tmp_path)).search_runs([experiment.experiment_id])
+    client = MlflowClient(tracking_uri_for(tmp_path))
+    runs = client.search_runs([client.get_experiment_by_name("sapiens2/finetune").experiment_id])
     assert sorted(run.info.run_name for run in runs) == ["step-0", "step-1", "step-2"]
 
 
