@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sapiens2.tasks.channels import channel_cross, channel_norm
+
 BIN_WIDTH_DEG = 0.01
 NUM_BINS = int(round(180 / BIN_WIDTH_DEG))
 THRESHOLDS_DEG = (5.0, 11.25, 22.5, 30.0)
@@ -22,7 +24,7 @@ def angular_error_deg(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     atan2(|a x b|, a . b) is used instead of acos(a . b) because it stays accurate for small
     angles and does not need unit inputs.
     """
-    cross = torch.linalg.cross(pred, target, dim=1).norm(dim=1)
+    cross = channel_norm(channel_cross(pred, target))
     dot = (pred * target).sum(dim=1)
     return torch.rad2deg(torch.atan2(cross, dot))
 

