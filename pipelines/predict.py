@@ -33,7 +33,7 @@ from sapiens2.tasks import TASK_NAMES, get_task
 def resolve_model_dir(model: str, download_dir: Path) -> Path:
     """The local model folder for a folder path or a models:/ registry URI."""
     if model.startswith("models:/"):
-        mlflow.set_tracking_uri(tracking.tracking_uri_for(Workspace.from_env().root))
+        tracking.use_tracking_uri(tracking.tracking_uri_for(Workspace.from_env().root))
         local = Path(
             mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(download_dir))
         )

@@ -152,7 +152,7 @@ def register_all(config: PlatformConfig, report_file: Path, models_root: Path, m
     returns the registrations and the gated-out tasks with their reasons."""
     uri = tracking.tracking_uri_for(Workspace.from_env().root)
     tracking.require_server(uri)
-    mlflow.set_tracking_uri(uri)
+    tracking.use_tracking_uri(uri)
     report, report_sha = json.loads(Path(report_file).read_text()), report_sha256(report_file)
     refused = gated_out(report)
     registrations = [

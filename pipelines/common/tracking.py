@@ -67,6 +67,21 @@ def require_server(uri: str, timeout_s: float = 10.0) -> None:
         raise TrackingServerUnavailable(f"MLflow tracking server {uri} is not healthy: GET /health -> {status}")
 
 
+def use_tracking_uri(uri: str) -> None:
+    """Point this process's MLflow client at `uri`, leaving `MLFLOW_TRACKING_URI` as it was.
+
+    `mlflow.set_tracking_uri` also writes the variable into `os.environ`, where `tracking_uri_for`
+    reads it as the user's choice: in one process running steps of two workspaces in turn (Dagster's
+    in-process executor, a test session) the second workspace's steps logged into the first's store.
+    """
+    exported = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if exported is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = exported
+
+
 def create_embedded_store(uri: str) -> None:
     """Create a SQLite store's tables now, one process at a time: the first client of a new store
     runs its schema migration, and two steps opening the same new store at once (two fine-tunings
@@ -118,7 +133,7 @@ def start_stage_run(stage: str, run_name: str, tags: Mapping[str, str] | None = 
     if workspace_root is not None:
         uri = tracking_uri_for(workspace_root)
         create_embedded_store(uri)
-        mlflow.set_tracking_uri(uri)
+        use_tracking_uri(uri)
     experiment_id = ensure_experiment(stage, workspace_root)
     all_tags = {"stage": stage, **{k: str(v) for k, v in (tags or {}).items()}}
     system_metrics = importlib.util.find_spec("psutil") is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,31 @@ def test_stage_run_logs_config_and_tags(tmp_path: Path) -> None:
     assert set(tags) == {"dagster_run_id", "dvc.data_md5", "dvc.backbone_md5", "git_commit", "config_sha"}
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.json" in artifacts
+
+
+def test_each_workspace_logs_into_its_own_store_in_one_process(tmp_path: Path) -> None:
+    """Steps of two workspaces in one process (Dagster's in-process executor, a test session):
+    MLflow exported the first store's URI into `os.environ`, where `tracking_uri_for` took it for
+    the user's choice and sent the second workspace's run into the first one's store."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    with start_stage_run("finetune", "first-run", workspace_root=first):
+        pass
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    with start_stage_run("finetune", "second-run", workspace_root=second):
+        pass
+    for workspace, name in ((first, "first-run"), (second, "second-run")):
+        client = MlflowClient(tracking_uri_for(workspace))
+        runs = client.search_runs([client.get_experiment_by_name("sapiens2/finetune").experiment_id])
+        assert [run.info.run_name for run in runs] == [name]
+
+
+def test_a_tracking_uri_the_user_exported_stays_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = f"sqlite:///{tmp_path.resolve() / 'shared.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", shared)
+    with start_stage_run("finetune", "run", workspace_root=tmp_path / "ws") as run:
+        pass
+    assert os.environ["MLFLOW_TRACKING_URI"] == shared
+    assert MlflowClient(shared).get_run(run.info.run_id).info.run_name == "run"
 
 
 def _open_stage_run(workspace: Path, name: str, start: multiprocessing.synchronize.Barrier) -> None:
