@@ -61,6 +61,7 @@ def main() -> None:
                 print(f"{threads} thread(s), launch {index + 1}/{args.launches}", file=sys.stderr, flush=True)
             results[str(threads)] = {"launches": args.launches, "distinct_weights": len(weights),
                                      "launches_per_weights": sorted(weights.values(), reverse=True),
+                                     "weights_sha256": dict(weights.most_common()),
                                      "distinct_loss_curves": len(curves)}
     print(json.dumps({"settings": vars(args), "threads": results}, indent=2))
 
