@@ -6,7 +6,7 @@ step reads. Beside the fine-tuned model it scores the task's trivial baselines (
 with a freshly initialised, seeded head: the model fine-tuning started from) and, when given, a
 model trained from scratch with the same budget. The gate (`EvaluateConfig.gate_baseline`,
 `gate_margin`) decides `beats_baseline`. Outputs: `metrics.json` (naming each scored model by its
-`model_sha256`), `table.md`, one prediction grid per task (image | fine-tuned | strongest trivial |
+`model_sha256`), `table.md`, one prediction grid per task (image | label | fine-tuned | strongest trivial |
 untrained head | from scratch), all logged to MLflow (`sapiens2/evaluation`, tagged with the
 report's sha256 so registration finds the run from the report alone).
 """
@@ -114,9 +114,11 @@ def evaluate_task(config: PlatformConfig, name: str, curated_dir: Path, model_di
     columns = {"fine-tuned": tuned, f"trivial: {result.strongest_trivial_name}": trivial[result.strongest_trivial_name],
                "untrained head": head, **({"from scratch": scratch} if scratch else {})}
     images = tuned[1][0]
-    rows = [[images[i], *(task.visualize(images[i], outputs[i]) for _, (_, outputs) in columns.values())]
-            for i in range(min(config.evaluate.num_visualisations, len(images)))]
-    grid = image_grid_png(rows, out_dir / f"{name}_predictions.png", col_titles=["image", *columns])
+    shown = min(config.evaluate.num_visualisations, len(images))
+    labels = task.decode_labels(collate(val[:shown]))
+    rows = [[images[i], task.visualize(images[i], labels[i]),
+             *(task.visualize(images[i], outputs[i]) for _, (_, outputs) in columns.values())] for i in range(shown)]
+    grid = image_grid_png(rows, out_dir / f"{name}_predictions.png", col_titles=["image", "label", *columns])
     return result, grid
 
 

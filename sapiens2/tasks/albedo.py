@@ -87,6 +87,11 @@ class AlbedoTask(Task):
         """(H, W, 3) float32 albedo clipped to [0, 1]."""
         return list(pred.detach().float().clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy())
 
+    def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """(H, W, 3) float32 label albedo, 0 (drawn black) off the mask, where nothing is scored."""
+        albedo = batch["albedo"].detach().float().clamp(0, 1) * batch["mask"][:, None]
+        return list(albedo.permute(0, 2, 3, 1).cpu().numpy())
+
     def metric(self) -> AlbedoMetric:
         return AlbedoMetric()
 

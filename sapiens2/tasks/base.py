@@ -93,6 +93,11 @@ class Task(abc.ABC):
         """Per-image numpy outputs from a batched prediction."""
 
     @abc.abstractmethod
+    def decode_labels(self, batch: dict[str, Any]) -> list[Any]:
+        """Per-image labels of a collated batch in `decode`'s form, so that `visualize` draws the
+        ground truth as it draws a prediction (the prediction grid's "label" column)."""
+
+    @abc.abstractmethod
     def visualize(self, image_uint8: np.ndarray, output: Any) -> np.ndarray:
         """uint8 RGB picture of one decoded output, the size of the image."""
 

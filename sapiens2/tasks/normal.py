@@ -55,6 +55,11 @@ class NormalTask(Task):
         unit = unit_channels(pred.detach().float(), eps=1e-6)
         return list(unit.permute(0, 2, 3, 1).cpu().numpy())
 
+    def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """(H, W, 3) float32 label normals, 0 (drawn grey) off the mask, where nothing is scored."""
+        normal = batch["normal"].detach().float() * batch["mask"][:, None]
+        return list(normal.permute(0, 2, 3, 1).cpu().numpy())
+
     def metric(self) -> NormalMetric:
         return NormalMetric()
 

@@ -173,6 +173,11 @@ class PointmapTask(Task):
             points = points * (pred["silhouette_logit"].detach() > 0)[:, None]
         return list(points.permute(0, 2, 3, 1).cpu().numpy())
 
+    def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """(H, W, 3) float32 label XYZ in metres, zero off the person's mask."""
+        points = batch["pointmap"].detach().float() * batch["mask"][:, None]
+        return list(points.permute(0, 2, 3, 1).cpu().numpy())
+
     def metric(self) -> PointmapMetric:
         return PointmapMetric(self.canonical_focal_per_width)
 

@@ -133,6 +133,11 @@ class PoseTask(Task):
         codec = self.codec(tuple(pred.shape[-2:]))
         return list(codec.decode(pred.detach().float().cpu().numpy()))
 
+    def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """(K, 3) arrays per image: x, y and the visibility flag in the score's place, so that
+        `visualize` draws the labelled joints (1, 2) and skips the unlabelled ones (0)."""
+        return list(batch["keypoints"].detach().float().cpu().numpy())
+
     def metric(self) -> OKSMetric:
         return OKSMetric(self)
 

@@ -94,6 +94,11 @@ class SegTask(Task):
         """(H, W) uint8 class maps."""
         return list(pred.detach().argmax(dim=1).to(torch.uint8).cpu().numpy())
 
+    def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
+        """(H, W) uint8 class maps; ignored pixels drawn as background."""
+        seg = batch["seg"].detach().cpu().numpy()
+        return list(np.where(seg == IGNORE_INDEX, 0, seg).astype(np.uint8))
+
     def metric(self) -> ConfusionMetric:
         return ConfusionMetric(self.class_names)
 

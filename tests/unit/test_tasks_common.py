@@ -218,3 +218,42 @@ def test_task_models_run_on_the_real_debug_backbone():
     with torch.no_grad():
         assert build_task_model("pose", backbone)(images).shape == (1, 17, H // 4, W // 4)
         assert build_task_model("pointmap", backbone)(images)["pointmap"].shape == (1, 3, H, W)
+
+
+# A perfect prediction of each dense task, in the form its head outputs, made from the batch's labels.
+LABELS_AS_PREDICTIONS = {
+    "seg": lambda task, b: torch.nn.functional.one_hot(b["seg"], task.num_classes).permute(0, 3, 1, 2).float(),
+    "normal": lambda task, b: b["normal"],
+    "pointmap": lambda task, b: {"pointmap": b["pointmap"]},
+    "albedo": lambda task, b: b["albedo"],
+}
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_labels_decode_to_the_form_the_predictions_take(name):
+    """The prediction grid's "label" column is drawn by `visualize` from `decode_labels`."""
+    task = get_task(name)
+    batch = make_batch()
+    predicted = task.decode(task.predict(build_task_model(name, StandInBackbone(64)).eval(), batch["image"]))
+    labels = task.decode_labels(batch)
+    assert len(labels) == len(predicted) == 2
+    for label, output in zip(labels, predicted, strict=True):
+        assert label.shape == output.shape and label.dtype == output.dtype
+    image = np.full((H, W, 3), 128, np.uint8)
+    assert not np.array_equal(task.visualize(image, labels[0]), image)
+    if name in LABELS_AS_PREDICTIONS:  # a prediction equal to the label decodes to the label
+        perfect = task.decode(LABELS_AS_PREDICTIONS[name](task, batch))
+        for label, output in zip(labels, perfect, strict=True):
+            np.testing.assert_allclose(label, output, atol=1e-6)
+
+
+def test_label_pictures_leave_out_what_is_not_labelled():
+    batch = make_batch()
+    image = np.full((H, W, 3), 128, np.uint8)
+    batch["seg"][:] = 255  # ignored everywhere: drawn as background, the untouched image
+    assert np.array_equal(get_task("seg").visualize(image, get_task("seg").decode_labels(batch)[0]), image)
+    batch["keypoints"][..., 2] = 0  # no joint labelled: no skeleton drawn
+    assert np.array_equal(get_task("pose").visualize(image, get_task("pose").decode_labels(batch)[0]), image)
+    batch["mask"][:] = False  # no pixel scored: the label is zero everywhere
+    for name in ("normal", "pointmap", "albedo"):
+        assert not get_task(name).decode_labels(batch)[0].any(), name
