@@ -152,8 +152,11 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
     sid = split_id(CuratedDataset(curated_dir, "val", height, width, tasks=()))
     results, grids = [], []
     # Evaluation runs in Dagster's step process and as its own CLI process: the same thread count
-    # either way (every core, or $OMP_NUM_THREADS), so both routes write the same report bytes.
-    with intra_op_threads(threads_per_rank(1, slots=1)), \
+    # either way, so both routes write the same report bytes. It is a training program's count (one
+    # thread on 2 cores), not every core: at two threads a process's first elementwise op sometimes
+    # comes out thousands of ulps off (README, Known limits), which moved the pose baseline's AP
+    # by 0.0008 between two demo runs of one commit. One thread made the demo's evaluation 1.3x longer.
+    with intra_op_threads(threads_per_rank(1)), \
             RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
         for name in TASK_NAMES:
             print(f"[evaluate] {name} ...", flush=True)
