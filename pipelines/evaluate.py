@@ -155,7 +155,7 @@ def evaluate(config: PlatformConfig, curated_dir: Path, models_root: Path, outpu
     # either way, so both routes write the same report bytes. It is a training program's count (one
     # thread on 2 cores), not every core: at two threads a process's first elementwise op sometimes
     # comes out thousands of ulps off (README, Known limits), which moved the pose baseline's AP
-    # by 0.0008 between two demo runs of one commit. One thread made the demo's evaluation 1.3x longer.
+    # by 0.0008 between two demo runs of one commit. At one thread the evaluation CLI took 1.3x as long.
     with intra_op_threads(threads_per_rank(1)), \
             RankZeroTracker(0, "evaluation", lineage, config.to_dict(), run_name="evaluation") as tracker:
         for name in TASK_NAMES:
