@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.base import SummedStateMetric, Task, masked_label_maps, weighted_items
 from sapiens2.tasks.heads import build_pixel_shuffle_head
 from sapiens2.tasks.losses import chromaticity, gradient_l1, masked_l1, masked_mean
 
@@ -88,9 +88,8 @@ class AlbedoTask(Task):
         return list(pred.detach().float().clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy())
 
     def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
-        """(H, W, 3) float32 label albedo, 0 (drawn black) off the mask, where nothing is scored."""
-        albedo = batch["albedo"].detach().float().clamp(0, 1) * batch["mask"][:, None]
-        return list(albedo.permute(0, 2, 3, 1).cpu().numpy())
+        """(H, W, 3) float32 label albedo in [0, 1], 0 (drawn black) off the mask."""
+        return masked_label_maps(batch, "albedo")
 
     def metric(self) -> AlbedoMetric:
         return AlbedoMetric()

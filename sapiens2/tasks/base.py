@@ -116,6 +116,13 @@ class Task(abc.ABC):
         return model(images)
 
 
+def masked_label_maps(batch: dict[str, Any], field: str) -> list[np.ndarray]:
+    """Per-image (H, W, C) float32 maps of a collated batch's (B, C, H, W) label `field`, zero off
+    the mask, where nothing is scored: `decode_labels` of the dense tasks."""
+    maps = batch[field].detach().float() * batch["mask"][:, None]
+    return list(maps.permute(0, 2, 3, 1).cpu().numpy())
+
+
 def weighted_items(
     terms: dict[str, tuple[float, torch.Tensor]],
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -15,7 +15,7 @@ from sapiens2.tasks.angular import (
     empty_angular_state,
     summarize_angular,
 )
-from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.base import SummedStateMetric, Task, masked_label_maps, weighted_items
 from sapiens2.tasks.channels import unit_channels
 from sapiens2.tasks.heads import build_pixel_shuffle_head
 from sapiens2.tasks.losses import cosine_distance, gradient_l1, masked_l1
@@ -56,9 +56,8 @@ class NormalTask(Task):
         return list(unit.permute(0, 2, 3, 1).cpu().numpy())
 
     def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
-        """(H, W, 3) float32 label normals, 0 (drawn grey) off the mask, where nothing is scored."""
-        normal = batch["normal"].detach().float() * batch["mask"][:, None]
-        return list(normal.permute(0, 2, 3, 1).cpu().numpy())
+        """(H, W, 3) float32 label normals, 0 (drawn grey) off the mask."""
+        return masked_label_maps(batch, "normal")
 
     def metric(self) -> NormalMetric:
         return NormalMetric()

@@ -24,7 +24,7 @@ from sapiens2.tasks.angular import (
     empty_angular_state,
     summarize_angular,
 )
-from sapiens2.tasks.base import SummedStateMetric, Task, weighted_items
+from sapiens2.tasks.base import SummedStateMetric, Task, masked_label_maps, weighted_items
 from sapiens2.tasks.channels import channel_cross, channel_norm
 from sapiens2.tasks.pointmap_head import PointmapHead
 from sapiens2.tasks.losses import cosine_distance, masked_l1, scale_invariant_log_loss
@@ -175,8 +175,7 @@ class PointmapTask(Task):
 
     def decode_labels(self, batch: dict[str, Any]) -> list[np.ndarray]:
         """(H, W, 3) float32 label XYZ in metres, zero off the person's mask."""
-        points = batch["pointmap"].detach().float() * batch["mask"][:, None]
-        return list(points.permute(0, 2, 3, 1).cpu().numpy())
+        return masked_label_maps(batch, "pointmap")
 
     def metric(self) -> PointmapMetric:
         return PointmapMetric(self.canonical_focal_per_width)
